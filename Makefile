@@ -1,0 +1,44 @@
+# Two promises (see README): `make demo` and `make test` work on a fresh machine with Python 3.10+.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: demo test lint typecheck unit bench clean
+
+$(BIN)/python:
+	@$(PYTHON) .ci/bootstrap_venv.py $(VENV)
+
+$(VENV)/.installed-demo: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[demo]'
+	@touch $@
+
+$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[test,demo]'
+	@touch $@
+
+## demo: create .venv, install, run the flash-sale demo on an embedded server
+demo: $(VENV)/.installed-demo
+	$(BIN)/lockaspect demo
+
+## test: install the test dependencies, lint, type-check, run the whole suite
+test: $(VENV)/.installed-test lint typecheck
+	$(BIN)/python -m pytest
+
+lint: $(VENV)/.installed-test
+	$(BIN)/ruff check lockaspect tests examples bench
+	$(BIN)/ruff format --check lockaspect
+
+typecheck: $(VENV)/.installed-test
+	$(BIN)/mypy --strict lockaspect
+
+## unit: the fast tests only (no server needed)
+unit: $(VENV)/.installed-test
+	$(BIN)/python -m pytest tests/unit
+
+## bench: compare lockaspect with its peers (not a test; prints a table)
+bench: $(VENV)/.installed-test
+	$(BIN)/python -m pip install --quiet -e '.[bench]'
+	$(BIN)/python bench/bench_core.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

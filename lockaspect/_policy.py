@@ -1,0 +1,149 @@
+"""Pure lease and wait arithmetic: option validation, renewal schedule, margins, backoff.
+
+Nothing here does I/O or reads a clock; callers pass ``now`` in. Every decision the sync
+and (later) async runners make about time lives here, so the twins cannot drift.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from datetime import timedelta
+from typing import Final
+
+from .errors import ConfigurationError
+
+#: The smallest margin, on top of one timer tick, that must remain between the first
+#: renewal attempt and the lease end: ``(1 - delay_weight) * lease > tick + MIN_SAFETY_MARGIN``.
+#: 100 ms covers a slow round trip on a loaded network, a scheduling hiccup of the watchdog
+#: thread, and one retry after a failed attempt. It is a floor, not a recommendation: the
+#: default (30 s lease, 0.9) leaves 3 s.
+MIN_SAFETY_MARGIN: Final = 0.1
+
+#: First delay before retrying a failed renewal; doubles per attempt up to RETRY_CAP.
+RETRY_BASE: Final = 0.025
+RETRY_CAP: Final = 0.5
+
+#: Bounds for the sleep between acquire attempts when no release message arrives.
+POLL_FLOOR: Final = 0.005
+POLL_CAP: Final = 2.0
+
+
+def seconds(value: object, name: str, *, allow_zero: bool = False, allow_none: bool = False) -> float | None:
+    """Validate a duration option and return it in seconds.
+
+    Accepts ``int``, ``float`` and :class:`datetime.timedelta`. Rejects ``bool`` and other
+    types with :class:`TypeError`, and NaN, infinities, negatives (and zero unless
+    ``allow_zero``) with :class:`ConfigurationError`.
+    """
+    if value is None:
+        if allow_none:
+            return None
+        raise ConfigurationError(f"{name} must be a number of seconds, not None")
+    if isinstance(value, bool) or not isinstance(value, (int, float, timedelta)):
+        raise TypeError(f"{name} must be seconds as int, float or datetime.timedelta, not {type(value).__name__}")
+    result = value.total_seconds() if isinstance(value, timedelta) else float(value)
+    if math.isnan(result) or math.isinf(result):
+        raise ConfigurationError(f"{name} must be a finite number of seconds, got {result!r}")
+    if result < 0 or (result == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ConfigurationError(f"{name} must be {bound} seconds, got {result!r}")
+    return result
+
+
+def lease_seconds(value: object) -> float | None:
+    """``lease``: ``None`` (watchdog mode) or a positive finite number of seconds."""
+    return seconds(value, "lease", allow_none=True)
+
+
+def wait_seconds(value: object) -> float | None:
+    """``wait``: 0 (try once), positive seconds, or ``None`` (wait forever)."""
+    return seconds(value, "wait", allow_zero=True, allow_none=True)
+
+
+def check_delay_weight(delay_weight: object) -> float:
+    """``delay_weight`` must be a float strictly between 0 and 1."""
+    if isinstance(delay_weight, bool) or not isinstance(delay_weight, (int, float)):
+        raise TypeError(f"delay_weight must be a float in (0, 1), not {type(delay_weight).__name__}")
+    weight = float(delay_weight)
+    if not 0.0 < weight < 1.0:  # also rejects NaN
+        raise ConfigurationError(f"delay_weight must be in (0, 1), got {weight!r}")
+    return weight
+
+
+def check_margin(lease: float, delay_weight: float, tick: float) -> None:
+    """Require ``(1 - delay_weight) * lease > tick + MIN_SAFETY_MARGIN``.
+
+    The first renewal is attempted at ``delay_weight * lease``; what remains of the lease
+    must absorb up to one tick of timer lateness, the round trip, and a retry.
+    """
+    margin = (1.0 - delay_weight) * lease
+    needed = tick + MIN_SAFETY_MARGIN
+    if margin <= needed:
+        raise ConfigurationError(
+            f"delay_weight={delay_weight:g} leaves (1 - {delay_weight:g}) * {lease:g}s = {margin:.3f}s "
+            f"between the first renewal attempt and the end of the lease; it must exceed "
+            f"tick {tick:g}s + safety margin {MIN_SAFETY_MARGIN:g}s = {needed:.3f}s. "
+            f"Lower delay_weight or lengthen the lease."
+        )
+
+
+def first_renewal_at(renewed_at: float, lease: float, delay_weight: float) -> float:
+    """When to attempt the next renewal, counted from the last successful (re)newal."""
+    return renewed_at + delay_weight * lease
+
+
+def renewal_retry_at(now: float, attempt: int, expires_at: float, tick: float) -> float | None:
+    """When to retry a failed renewal, or ``None`` when no retry fits before the lease end.
+
+    Exponential backoff from :data:`RETRY_BASE` capped at :data:`RETRY_CAP`, never later
+    than a third of what remains, and never sooner than one tick (the timer's resolution).
+    """
+    remaining = expires_at - now
+    if remaining <= tick:
+        return None
+    delay = min(RETRY_BASE * (1 << min(attempt, 16)), RETRY_CAP, remaining / 3.0)
+    return now + max(delay, tick)
+
+
+def renewal_lease(now: float, lease: float, hold_deadline: float | None) -> float:
+    """The lease to ask for on renewal: the full lease, cut so it ends at ``max_hold``."""
+    if hold_deadline is None:
+        return lease
+    return min(lease, hold_deadline - now)
+
+
+def wait_deadline(start: float, wait: float | None) -> float | None:
+    """The monotonic instant after which an acquire stops retrying (``None`` = never)."""
+    return None if wait is None else start + wait
+
+
+def retry_sleep(
+    *,
+    now: float,
+    deadline: float | None,
+    holder_ttl: float | None,
+    attempt: int,
+    notified: bool,
+    rng: random.Random | None = None,
+) -> float:
+    """How long a waiter sleeps before its next acquire attempt.
+
+    With release notifications (``notified``) the waiter can sleep until the holder's lease
+    would end (the PTTL hint) because a release wakes it earlier; the hint plus a little
+    jitter only guards against a lost message. Without notifications it backs off
+    exponentially from :data:`POLL_FLOOR`, never past the hint or :data:`POLL_CAP`. The
+    result never passes the wait deadline and is never negative.
+    """
+    jitter = (rng or random).random()
+    backoff = min(POLL_FLOOR * (1 << min(attempt, 16)), POLL_CAP)
+    if holder_ttl is None or holder_ttl <= 0:
+        holder_ttl = backoff
+    if notified:  # a release wakes us: sleep out the hint, plus jitter against lost messages
+        sleep = holder_ttl + min(0.05, holder_ttl * 0.1) * jitter
+    else:  # polling: jittered backoff, never past the hint
+        sleep = min(holder_ttl, backoff) * (0.5 + jitter)
+    sleep = max(sleep, POLL_FLOOR * jitter)
+    if deadline is not None:
+        sleep = min(sleep, deadline - now)
+    return max(sleep, 0.0)

@@ -1,0 +1,318 @@
+"""``@distributed_lock``: the decorator.
+
+Per call: bind the arguments, render the key (no I/O yet), acquire (waiting if asked),
+apply ``on_failure`` if the lock stays busy, register the watchdog, run the body through
+the executor with the caller's context, cancel the watchdog, release, and raise
+:class:`~lockaspect.LockLost` instead of returning if the lease was lost meanwhile.
+
+Everything that can be checked without a call is checked when the decorator is applied.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import Any, TypeVar, cast
+
+import wrapt
+
+from . import _policy, config
+from .client import LockClient, LockSpec
+from .errors import ConfigurationError, KeyTemplateError, LockNotAcquired
+from .executor import check_executor
+from .keys import ArgumentNames, KeyTemplate, check_key
+
+__all__ = ["FailureContext", "distributed_lock"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class _Unset:
+    def __repr__(self) -> str:
+        return "<default>"
+
+
+#: Marks an option the caller did not pass, so a named policy can supply it.
+_UNSET: Any = _Unset()
+
+_DEFAULTS: dict[str, Any] = {
+    "lease": None,
+    "delay_weight": 0.9,
+    "wait": 0.0,
+    "max_hold": None,
+    "on_failure": None,
+    "on_lost": None,
+    "executor": None,
+}
+
+
+@dataclass(frozen=True)
+class FailureContext:
+    """What ``on_failure`` receives when the lock stays busy.
+
+    Attributes:
+        key: The rendered key that could not be locked.
+        function: The decorated function's qualified name.
+        arguments: The bound arguments (defaults applied), by parameter name.
+        waited: Seconds spent waiting (0.0 for a single try).
+        error: The :class:`~lockaspect.LockNotAcquired` that would otherwise be raised.
+    """
+
+    key: str
+    function: str
+    arguments: Mapping[str, Any]
+    waited: float
+    error: LockNotAcquired
+
+
+@dataclass(frozen=True)
+class _Resolved:
+    spec: LockSpec
+    template: KeyTemplate | None
+    key_fn: Callable[[Mapping[str, Any]], str] | None
+    executor: Executor | None
+    executor_set: bool
+    on_failure: Callable[[FailureContext], Any] | None
+    generation: int
+
+
+class _LockAspect:
+    __slots__ = ("_explicit", "_names", "_policy", "_resolved", "client", "function", "key")
+
+    def __init__(
+        self,
+        function: Callable[..., Any],
+        key: object,
+        explicit: dict[str, Any],
+        client: LockClient | None,
+        policy: str | None,
+    ) -> None:
+        self.function = function
+        self.key = key
+        self.client = client
+        self._explicit = explicit
+        self._policy = policy
+        self._names = ArgumentNames(function)
+        self._resolved: _Resolved | None = None
+
+    def resolve(self, *, at_call: bool) -> _Resolved | None:
+        """Merge defaults < policy < explicit options and check them all.
+
+        At decoration a policy that is not configured yet is left for the first call,
+        unless policies are configured and this one is not among them.
+        """
+        generation = config.generation()
+        resolved = self._resolved
+        if resolved is not None and resolved.generation == generation:
+            return resolved
+        options = dict(_DEFAULTS)
+        key = self.key
+        if self._policy is not None:
+            policy = config.get_policy(self._policy)
+            if policy is None:
+                if not at_call and not config.has_policies():
+                    return None
+                known = ", ".join(config.policy_names()) or "none configured"
+                raise ConfigurationError(
+                    f"unknown lock policy {self._policy!r} for {self._names.qualname}() (known: {known})"
+                )
+            if key is None:
+                key = policy.pop("key", None)
+            else:
+                policy.pop("key", None)
+            options.update(policy)
+        options.update(self._explicit)
+        if key is None:
+            key = f"{getattr(self.function, '__module__', '?')}.{self._names.qualname}"
+            template: KeyTemplate | None = KeyTemplate.parse(key.replace("<", "<<").replace(">", ">>"))
+            key_fn = None
+        elif isinstance(key, str):
+            template, key_fn = KeyTemplate.parse(key, names=self._names), None
+        else:
+            template, key_fn = None, key
+        spec = LockSpec.create(
+            lease=options["lease"],
+            delay_weight=options["delay_weight"],
+            wait=options["wait"],
+            max_hold=options["max_hold"],
+            on_lost=options["on_lost"],
+        )
+        on_failure = options["on_failure"]
+        if on_failure is not None and not callable(on_failure):
+            raise TypeError(f"on_failure must be callable, got {type(on_failure).__name__}")
+        executor_set = options["executor"] is not None
+        executor = check_executor(options["executor"])
+        client = self.client
+        if client is None and not at_call:
+            client = config._client
+        if spec.lease is None:
+            lease = client.watchdog_lease if client is not None else 30.0
+            tick = client.tick if client is not None else 0.1
+            _policy.check_margin(lease, spec.delay_weight, tick)
+        resolved = _Resolved(spec, template, cast(Any, key_fn), executor, executor_set, on_failure, generation)
+        self._resolved = resolved
+        return resolved
+
+    def render(self, resolved: _Resolved, names: dict[str, Any], skip: int) -> str:
+        if resolved.template is not None:
+            template = resolved.template
+            if template.names:
+                names = self._names.extend(names, template.names, skip)
+            return template.render(names)
+        assert resolved.key_fn is not None
+        try:
+            key = resolved.key_fn(names)
+        except Exception as exc:
+            raise KeyTemplateError(
+                f"key function for {self._names.qualname}() raised {type(exc).__name__}: {exc}"
+            ) from exc
+        return check_key(key)
+
+    def __call__(
+        self, wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        resolved = self.resolve(at_call=True)
+        assert resolved is not None
+        if instance is None:
+            names, skip = self._names.bind(args, kwargs), 0
+        else:
+            names, skip = self._names.bind((instance, *args), kwargs), 1
+        key = self.render(resolved, names, skip)
+        client = self.client or config.default_client()
+        executor = resolved.executor if resolved.executor_set else client.executor
+        on_failure = resolved.on_failure
+        if on_failure is None:
+            return client._run(key, resolved.spec, executor, wrapped, args, kwargs)
+        qualname = self._names.qualname
+
+        def failed(exc: LockNotAcquired) -> Any:
+            return on_failure(FailureContext(key, qualname, names, exc.waited, exc))
+
+        return client._run(key, resolved.spec, executor, wrapped, args, kwargs, failed)
+
+
+def distributed_lock(
+    key: str | Callable[[Mapping[str, Any]], str] | None = None,
+    *,
+    lease: float | None = _UNSET,
+    delay_weight: float = _UNSET,
+    wait: float | None = _UNSET,
+    on_failure: Callable[[FailureContext], Any] | None = _UNSET,
+    on_lost: Callable[[Any], object] | None = _UNSET,
+    executor: Executor | str | None = _UNSET,
+    client: LockClient | None = None,
+    policy: str | None = None,
+    max_hold: float | None = _UNSET,
+) -> Callable[[F], F]:
+    """Run the decorated function under a distributed lock named by ``key``.
+
+    Args:
+        key: A template rendered from the call's arguments, e.g. ``"order:<user.id>"``
+            (see :mod:`lockaspect.keys`), or a callable that takes the bound arguments (a
+            mapping of parameter names to values) and returns the key. ``None`` locks on the
+            function's qualified name (one lock for all calls), unless ``policy`` gives a key.
+        lease: ``None`` (default): watchdog mode. The lock is taken for the client's
+            ``watchdog_lease`` (30 s by default) and renewed until the call completes, so
+            a call can run as long as it needs while its process is alive and reaches the
+            store; if the process dies, the lock frees within one watchdog lease.
+            A number of seconds: a fixed lease that is never renewed; if the call outlives
+            it, the call raises :class:`~lockaspect.LockLost`.
+        delay_weight: In watchdog mode, the first renewal attempt is made at
+            ``delay_weight * lease`` after acquisition (default 0.9) and failed attempts are
+            retried until the lease ends. ``(1 - delay_weight) * lease`` must exceed the
+            timer tick plus 0.1 s.
+        wait: Seconds to wait for a busy lock (0, the default, tries once; ``None`` waits
+            forever). Waiters wake when the holder releases, not by polling.
+        on_failure: Called with a :class:`FailureContext` when the lock stays busy; its
+            return value becomes the call's result. Default: raise
+            :class:`~lockaspect.LockNotAcquired`.
+        on_lost: Called once with the :class:`~lockaspect.Lease` when the lease is lost
+            (on a lockaspect thread: keep it short).
+        executor: Where the body runs: ``None`` (the client's default, inline unless set),
+            ``"inline"`` (the caller's thread), or a :class:`concurrent.futures.Executor`.
+            With an executor, a lost lease makes the caller raise at once while the body
+            keeps running.
+        client: The :class:`~lockaspect.LockClient` to use; default: the configured one.
+        policy: Name of a policy configured with :func:`~lockaspect.configure`; options
+            passed here override the policy's.
+        max_hold: Stop renewing after this many seconds; the lease then ends and is lost.
+
+    Raises:
+        KeyTemplateError: At decoration, for a malformed template or a name the function
+            does not have; at call time (before any store I/O, the body not run) when the
+            key cannot be rendered for the arguments.
+        ConfigurationError: At decoration, for bad options, generator functions and (for
+            now) ``async def`` functions.
+        TypeError: At decoration, for options of the wrong type.
+
+    At call time the decorated function raises what the body raises, plus
+    :class:`~lockaspect.LockNotAcquired`, :class:`~lockaspect.LockLost` and
+    :class:`~lockaspect.BackendError`.
+
+    Example::
+
+        @distributed_lock(key="order:<user.id>", wait=2.0)
+        def create_order(user, voucher_id):
+            lease = current_lease()
+            ledger.write(user, voucher_id, fence=lease.fencing_token)
+    """
+    if key is not None and not isinstance(key, str) and not callable(key):
+        raise TypeError(f"key must be a template string or a callable, got {type(key).__name__}")
+    if isinstance(key, str) and not key:
+        raise KeyTemplateError("key template is empty", template=key)
+    if client is not None and not isinstance(client, LockClient):
+        raise TypeError(f"client must be a LockClient, got {type(client).__name__}")
+    if policy is not None and (not isinstance(policy, str) or not policy):
+        raise TypeError(f"policy must be a non-empty str, got {policy!r}")
+    explicit = {
+        name: value
+        for name, value in (
+            ("lease", lease),
+            ("delay_weight", delay_weight),
+            ("wait", wait),
+            ("on_failure", on_failure),
+            ("on_lost", on_lost),
+            ("executor", executor),
+            ("max_hold", max_hold),
+        )
+        if value is not _UNSET
+    }
+    # Check explicit options now even if a policy will be merged in later.
+    LockSpec.create(
+        **{k: v for k, v in explicit.items() if k in ("lease", "wait", "max_hold", "on_lost", "delay_weight")}
+    )
+    if explicit.get("on_failure") is not None and not callable(explicit["on_failure"]):
+        raise TypeError(f"on_failure must be callable, got {type(explicit['on_failure']).__name__}")
+    if "executor" in explicit:
+        check_executor(explicit["executor"])
+
+    def decorate(function: F) -> F:
+        target: Any = function
+        if isinstance(target, (classmethod, staticmethod)):
+            target = target.__func__
+        if not callable(target):
+            raise TypeError(f"@distributed_lock decorates functions, not {type(function).__name__}")
+        if inspect.isgeneratorfunction(target) or inspect.isasyncgenfunction(target):
+            raise ConfigurationError(
+                f"@distributed_lock cannot decorate generator function {target.__qualname__}(): "
+                "the lock would be released when the generator is created, not when it is done; "
+                "lock inside the generator with client.lock() instead"
+            )
+        if inspect.iscoroutinefunction(target):
+            raise ConfigurationError(
+                f"@distributed_lock does not support async def functions yet "
+                f"({target.__qualname__}); asyncio support is planned. Use client.lock() in a "
+                "thread, or a sync function, for now"
+            )
+        aspect = _LockAspect(target, key, explicit, client, policy)
+        aspect.resolve(at_call=False)
+
+        @wrapt.decorator
+        def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            return aspect(wrapped, instance, args, kwargs)
+
+        return cast(F, wrapper(function))
+
+    return decorate

@@ -1,0 +1,124 @@
+"""What a store must do for lockaspect: the backend protocol and its result types.
+
+A backend performs single round trips and reports what the store said; every decision
+(waiting, retrying, what a failed renewal means) is taken by the core. Backends raise only
+:class:`~lockaspect.BackendError`, chained to the driver's exception.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+__all__ = [
+    "AcquireResult",
+    "Backend",
+    "Capability",
+    "Notifier",
+    "ReleaseResult",
+    "Subscription",
+]
+
+
+class Capability(enum.Flag):
+    """What a backend can do beyond acquire/release."""
+
+    NONE = 0
+    #: Leases expire unless renewed, so the watchdog applies.
+    RENEWABLE = enum.auto()
+    #: ``renew`` takes many keys and answers in one round trip.
+    BATCH_RENEW = enum.auto()
+    #: A release publishes a message that waiters can block on (see :class:`Notifier`).
+    RELEASE_NOTIFY = enum.auto()
+    #: Every acquisition gets a strictly increasing fencing token per key.
+    FENCING = enum.auto()
+
+
+@dataclass(frozen=True, slots=True)
+class AcquireResult:
+    """The store's answer to one acquire attempt.
+
+    Attributes:
+        acquired: The lock is ours (first hold, or a re-entry of our own token).
+        fencing_token: The lock's fencing token when acquired, else 0.
+        holds: Our hold count after the call (1 on first acquisition), else 0.
+        holder_ttl: When busy, the holder's remaining lease in seconds, or ``None`` when
+            the store did not say.
+    """
+
+    acquired: bool
+    fencing_token: int = 0
+    holds: int = 0
+    holder_ttl: float | None = None
+
+
+class ReleaseResult(enum.IntEnum):
+    """Release outcome codes (the values are what the Lua script returns)."""
+
+    NOT_OWNER = 0
+    RELEASED = 1
+    STILL_HELD = 2
+
+
+class Subscription(Protocol):
+    """A local waiter's registration for release messages on one lock."""
+
+    def wait(self, timeout: float) -> bool:
+        """Block until a release message arrives or ``timeout`` passes; ``True`` if woken
+        by a message (or by the notifier failing, so the waiter re-checks at once)."""
+        ...
+
+    @property
+    def active(self) -> bool:
+        """The subscription is confirmed by the store, so a release will wake us."""
+        ...
+
+
+class Notifier(Protocol):
+    """Delivers release messages to local waiters over one shared connection."""
+
+    def subscribe(self, key: str, timeout: float) -> Subscription:
+        """Register for release messages of ``key``; waits up to ``timeout`` for the store
+        to confirm. A subscription that is not confirmed reports ``active == False`` and
+        the waiter falls back to bounded polling."""
+        ...
+
+    def unsubscribe(self, subscription: Subscription) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class Backend(Protocol):
+    """A lock store. Seconds at this boundary; conversion to the store's units inside."""
+
+    capabilities: Capability
+
+    def acquire(self, key: str, token: str, lease: float) -> AcquireResult:
+        """Take ``key`` for ``token`` for ``lease`` seconds, or report the holder's TTL.
+
+        Idempotent for a token that already holds the lock (a retried request does not
+        add a hold): re-entry is :meth:`reenter`.
+        """
+        ...
+
+    def reenter(self, key: str, token: str) -> AcquireResult:
+        """Add a hold for ``token`` if it still owns ``key``; ``acquired=False`` if not.
+        Never takes a free lock and never changes the lease."""
+        ...
+
+    def release(self, key: str, token: str) -> ReleaseResult:
+        """Drop one hold of ``token``; at zero delete the lock and wake waiters."""
+        ...
+
+    def renew(self, leases: Sequence[tuple[str, str, float]]) -> list[bool]:
+        """Extend many ``(key, token, lease)`` in one round trip; one bool per item:
+        ``True`` renewed, ``False`` not ours any more."""
+        ...
+
+    def notifier(self) -> Notifier | None:
+        """A notifier for release messages, or ``None`` without RELEASE_NOTIFY."""
+        ...
+
+    def close(self) -> None: ...

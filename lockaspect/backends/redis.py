@@ -1,0 +1,406 @@
+"""Redis and Valkey through redis-py: the lock scripts, batched renewal and release wake-ups.
+
+Key layout for a lock rendered as ``order:42`` in namespace ``lockaspect:``::
+
+    lockaspect:{order:42}            hash {<token>: holds, "fence": n}, with the lease as TTL
+    lockaspect:{order:42}:fence      fence counter (INCR per first acquisition, no TTL)
+    lockaspect:{order:42}:released   pub/sub channel, one message per final release
+
+All three share the hash tag ``{order:42}``, so Redis Cluster keeps them in one slot.
+Rendered keys never contain ``{`` or ``}`` (values are percent-encoded, templates may not
+contain them), so the tag cannot be broken from outside.
+
+The fence counter outlives the lock on purpose: a fencing token must exceed every token
+issued before for that key, also after the lock expired. That costs one small key per
+distinct lock name ever used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from importlib import resources
+from typing import Any
+
+import redis
+from redis.backoff import NoBackoff
+from redis.exceptions import NoScriptError, RedisError
+from redis.retry import Retry
+
+from ..errors import BackendError
+from .base import AcquireResult, Capability, ReleaseResult
+
+__all__ = ["LuaScript", "RedisBackend", "RedisNotifier", "load_script", "map_redis_error"]
+
+log = logging.getLogger("lockaspect.backend")
+
+# One EVALSHA per chunk keeps each script call short on the server (Redisson uses 100);
+# all chunks of one batch still travel in one pipelined round trip.
+RENEW_CHUNK = 256
+
+
+def load_script(name: str) -> str:
+    """The text of ``lockaspect/backends/lua/<name>``."""
+    return resources.files(__package__).joinpath("lua").joinpath(name).read_text(encoding="utf-8")
+
+
+class LuaScript:
+    """A script's text and SHA1, loaded once per backend instance."""
+
+    __slots__ = ("name", "sha", "source")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.source = load_script(name)
+        self.sha = hashlib.sha1(self.source.encode()).hexdigest()
+
+    def __call__(self, client: Any, keys: Sequence[str], args: Sequence[object]) -> Any:
+        """EVALSHA, loading the script once on NOSCRIPT (after SCRIPT FLUSH or a failover)."""
+        try:
+            return client.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            client.execute_command("SCRIPT", "LOAD", self.source)
+            return client.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
+
+
+def map_redis_error(exc: BaseException, key: str | None, action: str) -> BackendError:
+    """The one place that turns a driver error into a :class:`BackendError`."""
+    what = f" for {key!r}" if key is not None else ""
+    return BackendError(f"{action}{what} failed: {type(exc).__name__}: {exc}", key=key)
+
+
+def no_retry_client(url: str, **options: Any) -> redis.Redis:
+    """A redis-py client that never retries a command on its own.
+
+    redis-py retries on connection errors and timeouts by default. A lock command that
+    timed out may still have run, so repeating it is the core's decision, not the
+    driver's. Short default timeouts keep a dead or hung server from hanging callers.
+    """
+    options.setdefault("socket_timeout", 5.0)
+    options.setdefault("socket_connect_timeout", 5.0)
+    options.setdefault("retry", Retry(backoff=NoBackoff(), retries=0))
+    options["decode_responses"] = False
+    return redis.Redis.from_url(url, **options)
+
+
+class RedisBackend:
+    """A lock store on one Redis or Valkey server (or a Sentinel-managed primary).
+
+    Args:
+        client: A ``redis.Redis`` client; it should not retry commands by itself
+            (see :func:`no_retry_client`).
+        namespace: Prefix of every key lockaspect writes, e.g. ``"lockaspect:"``.
+    """
+
+    capabilities = Capability.RENEWABLE | Capability.BATCH_RENEW | Capability.RELEASE_NOTIFY | Capability.FENCING
+
+    def __init__(self, client: redis.Redis, *, namespace: str = "lockaspect:") -> None:
+        if "{" in namespace or "}" in namespace:
+            raise ValueError(f"namespace must not contain '{{' or '}}': {namespace!r}")
+        # Any: redis-py's command methods are only partly annotated.
+        self.redis: Any = client
+        self.namespace = namespace
+        # Per instance, not per class: redis-py's Lock caches scripts on the class, bound
+        # to whichever client registered them first.
+        self._acquire = LuaScript("acquire.lua")
+        self._release = LuaScript("release.lua")
+        self._renew = LuaScript("renew.lua")
+        self._notifier: RedisNotifier | None = None
+        self._notifier_lock = threading.Lock()
+
+    @classmethod
+    def from_url(cls, url: str, *, namespace: str = "lockaspect:", **options: Any) -> RedisBackend:
+        return cls(no_retry_client(url, **options), namespace=namespace)
+
+    def lock_key(self, key: str) -> str:
+        return f"{self.namespace}{{{key}}}"
+
+    def fence_key(self, key: str) -> str:
+        return f"{self.namespace}{{{key}}}:fence"
+
+    def channel(self, key: str) -> str:
+        return f"{self.namespace}{{{key}}}:released"
+
+    def acquire(self, key: str, token: str, lease: float) -> AcquireResult:
+        lock = f"{self.namespace}{{{key}}}"
+        try:
+            reply = self._acquire(self.redis, (lock, lock + ":fence"), (token, _ms(lease), 0))
+        except RedisError as exc:
+            raise map_redis_error(exc, key, "acquire") from exc
+        return _acquire_result(reply)
+
+    def reenter(self, key: str, token: str) -> AcquireResult:
+        lock = f"{self.namespace}{{{key}}}"
+        try:
+            reply = self._acquire(self.redis, (lock, lock + ":fence"), (token, 0, 1))
+        except RedisError as exc:
+            raise map_redis_error(exc, key, "re-enter") from exc
+        return _acquire_result(reply)
+
+    def release(self, key: str, token: str) -> ReleaseResult:
+        lock = f"{self.namespace}{{{key}}}"
+        try:
+            code = self._release(self.redis, (lock, lock + ":released"), (token,))
+        except RedisError as exc:
+            raise map_redis_error(exc, key, "release") from exc
+        return ReleaseResult(code)
+
+    def renew(self, leases: Sequence[tuple[str, str, float]]) -> list[bool]:
+        if not leases:
+            return []
+        chunks = [leases[i : i + RENEW_CHUNK] for i in range(0, len(leases), RENEW_CHUNK)]
+        try:
+            replies = self._renew_chunks(chunks)
+        except RedisError as exc:
+            first = leases[0][0] if len(leases) == 1 else None
+            raise map_redis_error(exc, first, f"renewal of {len(leases)} lease(s)") from exc
+        return [bool(status) for reply in replies for status in reply]
+
+    def _renew_chunks(self, chunks: list[Sequence[tuple[str, str, float]]]) -> list[Any]:
+        pipe = self.redis.pipeline(transaction=False)
+        for chunk in chunks:
+            self._queue_renew(pipe, chunk)
+        replies: list[Any] = pipe.execute(raise_on_error=False)
+        if any(isinstance(reply, NoScriptError) for reply in replies):
+            self.redis.execute_command("SCRIPT", "LOAD", self._renew.source)
+            pipe = self.redis.pipeline(transaction=False)
+            for chunk in chunks:
+                self._queue_renew(pipe, chunk)
+            replies = pipe.execute(raise_on_error=False)
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return replies
+
+    def _queue_renew(self, pipe: Any, chunk: Sequence[tuple[str, str, float]]) -> None:
+        keys: list[str] = []
+        args: list[object] = []
+        namespace = self.namespace
+        for key, token, lease in chunk:
+            keys.append(f"{namespace}{{{key}}}")
+            args.append(token)
+            args.append(_ms(lease))
+        pipe.execute_command("EVALSHA", self._renew.sha, len(keys), *keys, *args)
+
+    def notifier(self) -> RedisNotifier:
+        with self._notifier_lock:
+            if self._notifier is None:
+                self._notifier = RedisNotifier(self.redis, self.channel)
+            return self._notifier
+
+    def close(self) -> None:
+        with self._notifier_lock:
+            notifier, self._notifier = self._notifier, None
+        if notifier is not None:
+            notifier.close()
+        self.redis.close()
+        self.redis.connection_pool.disconnect()
+
+    def _reset_after_fork(self) -> None:
+        # redis-py's pool notices the new pid by itself; the subscriber thread did not
+        # survive the fork, so forget it and start a fresh one on demand.
+        self._notifier = None
+        self._notifier_lock = threading.Lock()
+
+
+def _ms(seconds: float) -> int:
+    return max(1, int(seconds * 1000))
+
+
+def _acquire_result(reply: Any) -> AcquireResult:
+    if reply[0] == 1:
+        return AcquireResult(True, int(reply[1]), int(reply[2]))
+    pttl = int(reply[1])
+    return AcquireResult(False, holder_ttl=pttl / 1000.0 if pttl >= 0 else None)
+
+
+# -- release notifications ----------------------------------------------------------------
+
+_UNSUBSCRIBED, _SUBSCRIBING, _SUBSCRIBED, _UNSUBSCRIBING = range(4)
+
+#: Channels nobody waits on are unsubscribed after this many idle seconds, so a burst of
+#: waits on one key costs one SUBSCRIBE, not one per waiter.
+IDLE_UNSUBSCRIBE = 10.0
+
+
+class _Subscription:
+    __slots__ = ("_event", "_notifier", "active", "channel")
+
+    def __init__(self, notifier: RedisNotifier, channel: bytes) -> None:
+        self._notifier = notifier
+        self.channel = channel
+        self._event = threading.Event()
+        self.active = False
+
+    def wait(self, timeout: float) -> bool:
+        woke = self._event.wait(timeout)
+        self._event.clear()
+        return woke
+
+    def _wake(self) -> None:
+        self._event.set()
+
+
+class _Channel:
+    __slots__ = ("expected", "idle_since", "state", "waiters")
+
+    def __init__(self) -> None:
+        self.state = _UNSUBSCRIBED
+        self.expected: list[bytes] = []
+        self.waiters: set[_Subscription] = set()
+        self.idle_since = 0.0
+
+
+class RedisNotifier:
+    """One subscriber connection and reader thread per client, fanning release messages
+    out to local waiters.
+
+    SUBSCRIBE/UNSUBSCRIBE are sent under one lock in the order of the state changes, and a
+    channel counts as subscribed only once every reply for it has arrived, so a late
+    UNSUBSCRIBE can never silently cancel a newer SUBSCRIBE. When the connection fails,
+    every waiter is woken and every subscription turns inactive: waiters then retry with
+    bounded polling, so progress never depends on a message arriving.
+    """
+
+    def __init__(self, client: redis.Redis, channel_for: Any) -> None:
+        self._redis: Any = client
+        self._channel_for = channel_for
+        self._lock = threading.Condition(threading.Lock())
+        self._channels: dict[bytes, _Channel] = {}
+        self._pubsub: Any = None
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def subscribe(self, key: str, timeout: float) -> _Subscription:
+        name = self._channel_for(key).encode()
+        sub = _Subscription(self, name)
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            if self._closed:
+                return sub
+            channel = self._channels.get(name)
+            if channel is None:
+                channel = self._channels[name] = _Channel()
+            channel.waiters.add(sub)
+            if channel.state in (_UNSUBSCRIBED, _UNSUBSCRIBING):
+                try:
+                    self._send("SUBSCRIBE", name, channel)
+                except RedisError as exc:
+                    log.warning("cannot subscribe to %r, waiting by polling: %s", name, exc)
+                    return sub
+            while channel.state != _SUBSCRIBED and not self._closed:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not self._lock.wait(remaining):
+                    break
+            sub.active = channel.state == _SUBSCRIBED
+        return sub
+
+    def unsubscribe(self, subscription: Any) -> None:
+        with self._lock:
+            channel = self._channels.get(subscription.channel)
+            if channel is not None:
+                channel.waiters.discard(subscription)
+                if not channel.waiters:
+                    channel.idle_since = time.monotonic()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            pubsub, self._pubsub = self._pubsub, None
+            for channel in self._channels.values():
+                for sub in channel.waiters:
+                    sub._wake()
+            self._channels.clear()
+            self._lock.notify_all()
+        if pubsub is not None:
+            try:
+                pubsub.close()
+            except RedisError:  # pragma: no cover - closing a broken connection
+                pass
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5.0)
+
+    # Called with self._lock held.
+    def _send(self, command: str, name: bytes, channel: _Channel) -> None:
+        if self._pubsub is None:
+            self._pubsub = self._redis.pubsub(ignore_subscribe_messages=False)
+        if command == "SUBSCRIBE":
+            self._pubsub.subscribe(name)
+            channel.state = _SUBSCRIBING
+            channel.expected.append(b"subscribe")
+        else:
+            self._pubsub.unsubscribe(name)
+            channel.state = _UNSUBSCRIBING
+            channel.expected.append(b"unsubscribe")
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._read, name="lockaspect-notifier", daemon=True)
+            self._thread.start()
+
+    def _read(self) -> None:
+        while True:
+            with self._lock:
+                if self._closed:
+                    return
+                pubsub = self._pubsub
+                self._housekeep()
+            if pubsub is None:
+                return
+            try:
+                message = pubsub.get_message(timeout=1.0)
+            except Exception as exc:  # noqa: BLE001 - any failure ends this reader
+                # Also what redis-py raises when close() pulled the connection away.
+                self._connection_lost(pubsub, exc)
+                return
+            if message is not None:
+                self._dispatch(message)
+
+    def _dispatch(self, message: dict[str, Any]) -> None:
+        kind = message["type"]
+        kind = kind.encode() if isinstance(kind, str) else kind
+        name = message["channel"]
+        with self._lock:
+            channel = self._channels.get(name)
+            if channel is None:
+                return
+            if kind == b"message":
+                for sub in channel.waiters:
+                    sub._wake()
+            elif kind in (b"subscribe", b"unsubscribe"):
+                if channel.expected:
+                    channel.expected.pop(0)
+                if not channel.expected:
+                    channel.state = _SUBSCRIBED if kind == b"subscribe" else _UNSUBSCRIBED
+                    self._lock.notify_all()
+
+    def _housekeep(self) -> None:
+        now = time.monotonic()
+        for name, channel in list(self._channels.items()):
+            if channel.waiters or channel.state != _SUBSCRIBED:
+                continue
+            if now - channel.idle_since >= IDLE_UNSUBSCRIBE:
+                try:
+                    self._send("UNSUBSCRIBE", name, channel)
+                except RedisError:
+                    return
+
+    def _connection_lost(self, pubsub: Any, exc: BaseException) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            log.warning("release notifications interrupted, waiters fall back to polling: %s", exc)
+            for channel in self._channels.values():
+                for sub in channel.waiters:
+                    sub.active = False
+                    sub._wake()
+            self._channels.clear()
+            if self._pubsub is pubsub:
+                self._pubsub = None
+            self._thread = None
+        try:
+            pubsub.close()
+        except (RedisError, OSError):  # pragma: no cover
+            pass

@@ -1,0 +1,590 @@
+"""LockClient: one per store. Owns the connections, the timer, the watchdog and the
+default executor, and runs the acquire / run / release cycle for the decorator and for
+``with client.lock(...)``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+from urllib.parse import urlsplit
+
+from . import _policy
+from .backends.base import AcquireResult, Backend, Capability, ReleaseResult, Subscription
+from .errors import _NO_RESULT, BackendError, ConfigurationError, LockLost, LockNotAcquired
+from .executor import Outcome, check_executor, run_body
+from .keys import check_key
+from .lease import _HELD, Lease, _find_held
+from .timer import HashedWheelTimer
+from .watchdog import Watchdog
+
+__all__ = ["ClientStats", "LockClient", "LockSpec"]
+
+log = logging.getLogger("lockaspect.acquire")
+release_log = logging.getLogger("lockaspect.release")
+lost_log = logging.getLogger("lockaspect.watchdog")
+
+_SCHEMES = ("redis", "rediss", "unix")
+
+#: How long a waiter waits for the store to confirm its release subscription before it
+#: starts polling instead.
+SUBSCRIBE_TIMEOUT = 1.0
+
+OnLost = Callable[[Lease], object]
+
+
+@dataclass(frozen=True, slots=True)
+class LockSpec:
+    """Validated lock options, shared by the decorator and ``client.lock``.
+
+    Attributes:
+        lease: Seconds of fixed lease, or ``None`` for watchdog mode.
+        delay_weight: First renewal attempt at ``delay_weight * lease``.
+        wait: Seconds to wait for the lock; 0 tries once; ``None`` waits forever.
+        max_hold: Stop renewing after this many seconds; the lease then ends and is lost.
+        on_lost: Called once with the lease when it is lost.
+    """
+
+    lease: float | None = None
+    delay_weight: float = 0.9
+    wait: float | None = 0.0
+    max_hold: float | None = None
+    on_lost: OnLost | None = None
+
+    @classmethod
+    def create(
+        cls,
+        *,
+        lease: object = None,
+        delay_weight: object = 0.9,
+        wait: object = 0.0,
+        max_hold: object = None,
+        on_lost: object = None,
+    ) -> LockSpec:
+        if on_lost is not None and not callable(on_lost):
+            raise TypeError(f"on_lost must be callable, got {type(on_lost).__name__}")
+        return cls(
+            lease=_policy.lease_seconds(lease),
+            delay_weight=_policy.check_delay_weight(delay_weight),
+            wait=_policy.wait_seconds(wait),
+            max_hold=_policy.seconds(max_hold, "max_hold", allow_none=True),
+            on_lost=on_lost,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ClientStats:
+    """A snapshot of a client's counters (see :meth:`LockClient.stats`)."""
+
+    acquired: int
+    reentered: int
+    not_acquired: int
+    released: int
+    renewals: int
+    renewal_round_trips: int
+    renewal_failures: int
+    lost: int
+    held: int
+
+
+_clients: weakref.WeakSet[LockClient] = weakref.WeakSet()
+
+
+class LockClient:
+    """A connection to one lock store, with its timer, watchdog and default executor.
+
+    Create one per store and process (usually through :meth:`from_url`) and share it: it
+    is thread-safe. Use it as a context manager or call :meth:`close` at shutdown.
+
+    Args:
+        backend: The store (e.g. :class:`~lockaspect.backends.redis.RedisBackend`).
+        watchdog_lease: Seconds of lease taken in watchdog mode (``lease=None``) and
+            renewed until the call completes. Default 30, as Redisson.
+        tick: Resolution of the timer wheel in seconds. Default 0.1.
+        executor: Default executor for decorated calls: ``None``/``"inline"`` (the
+            caller's thread) or a :class:`concurrent.futures.Executor`. The client does not
+            shut it down.
+        clock: Monotonic clock, injectable for tests.
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        watchdog_lease: float = 30.0,
+        tick: float = 0.1,
+        executor: Executor | str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        lease = _policy.seconds(watchdog_lease, "watchdog_lease")
+        tick_s = _policy.seconds(tick, "tick")
+        assert lease is not None
+        assert tick_s is not None
+        if tick_s >= lease:
+            raise ConfigurationError(f"tick ({tick_s:g}s) must be shorter than watchdog_lease ({lease:g}s)")
+        self.backend = backend
+        self.watchdog_lease = lease
+        self.tick = tick_s
+        self.executor = check_executor(executor)
+        self._clock = clock
+        self._timer = HashedWheelTimer(tick_s, clock=clock)
+        self._watchdog = Watchdog(backend, self._timer, self._watchdog_lost, clock=clock)
+        self._notify = bool(backend.capabilities & Capability.RELEASE_NOTIFY)
+        self._closed = False
+        self._count_lock = threading.Lock()
+        self._counts = {"acquired": 0, "reentered": 0, "not_acquired": 0, "released": 0, "lost": 0}
+        self._held = 0
+        _clients.add(self)
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        *,
+        namespace: str = "lockaspect:",
+        watchdog_lease: float = 30.0,
+        tick: float = 0.1,
+        executor: Executor | str | None = None,
+        **redis_options: Any,
+    ) -> LockClient:
+        """A client for a Redis or Valkey server.
+
+        Args:
+            url: ``redis://[[user]:password@]host[:port][/db]``, ``rediss://`` for TLS, or
+                ``unix:///path/to/socket[?db=0]``. Query parameters are passed to redis-py.
+            namespace: Prefix of every key the client writes. Must not contain ``{``/``}``.
+            watchdog_lease: See :class:`LockClient`.
+            tick: See :class:`LockClient`.
+            executor: See :class:`LockClient`.
+            **redis_options: Passed to ``redis.Redis.from_url`` (``socket_timeout``
+                defaults to 5 s; redis-py's own command retries are switched off, because
+                whether a lock command may be repeated is lockaspect's decision).
+        """
+        if not isinstance(url, str):
+            raise TypeError(f"url must be a str, got {type(url).__name__}")
+        scheme = urlsplit(url).scheme
+        if scheme not in _SCHEMES:
+            raise ConfigurationError(
+                f"unsupported lock store URL {url!r}: the scheme must be one of "
+                f"{', '.join(s + '://' for s in _SCHEMES)}"
+            )
+        if not isinstance(namespace, str) or "{" in namespace or "}" in namespace:
+            raise ConfigurationError(f"namespace must be a str without '{{' or '}}', got {namespace!r}")
+        from .backends.redis import RedisBackend
+
+        backend = RedisBackend.from_url(url, namespace=namespace, **redis_options)
+        return cls(backend, watchdog_lease=watchdog_lease, tick=tick, executor=executor)
+
+    # -- public API -------------------------------------------------------------------
+
+    def lock(
+        self,
+        key: str,
+        *,
+        lease: float | None = None,
+        wait: float | None = 0.0,
+        delay_weight: float = 0.9,
+        on_lost: OnLost | None = None,
+        max_hold: float | None = None,
+    ) -> LockBlock:
+        """Lock ``key`` for a ``with`` block; the block gets the :class:`Lease`.
+
+        Same engine and options as :func:`~lockaspect.distributed_lock`: ``lease=None``
+        renews the lease from the watchdog until the block exits. A nested
+        ``client.lock`` on the same key in the same context re-enters.
+
+        Raises (on entering): :class:`LockNotAcquired`, :class:`BackendError`. On exit, if
+        the lease was lost while the block ran, :class:`LockLost` is raised (chained to the
+        block's own exception, if any).
+
+        Example::
+
+            with client.lock("order:42", wait=2.0) as lease:
+                write(order, fence=lease.fencing_token)
+        """
+        spec = LockSpec.create(lease=lease, delay_weight=delay_weight, wait=wait, max_hold=max_hold, on_lost=on_lost)
+        return LockBlock(self, check_key(key), spec)
+
+    def stats(self) -> ClientStats:
+        """Counters since the client was created (renewals, lost leases, ...)."""
+        wd = self._watchdog.stats
+        with self._count_lock:
+            counts = dict(self._counts)
+            held = self._held
+        return ClientStats(
+            acquired=counts["acquired"],
+            reentered=counts["reentered"],
+            not_acquired=counts["not_acquired"],
+            released=counts["released"],
+            renewals=wd.renewals,
+            renewal_round_trips=wd.round_trips,
+            renewal_failures=wd.renewal_failures,
+            lost=counts["lost"],
+            held=held,
+        )
+
+    def close(self) -> None:
+        """Stop the timer and watchdog threads and close the connections. Idempotent.
+
+        Leases still held are not released: their keys expire with their lease.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        self._timer.stop()
+        self._watchdog.stop()
+        self.backend.close()
+        _clients.discard(self)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def threads(self) -> list[threading.Thread]:
+        """The library threads this client has started (for diagnostics)."""
+        threads = [self._timer.thread, self._watchdog.thread]
+        return [t for t in threads if t is not None and t.is_alive()]
+
+    def __enter__(self) -> LockClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"<LockClient {type(self.backend).__name__} watchdog_lease={self.watchdog_lease:g}s {state}>"
+
+    # -- the engine -------------------------------------------------------------------
+
+    def _acquire(self, key: str, spec: LockSpec) -> Lease:
+        """Re-enter a lease this context holds on ``key``, or take the lock."""
+        if self._closed:
+            raise ConfigurationError("this LockClient is closed", key=key)
+        held = _find_held(self, key)
+        if held is not None:
+            return self._reenter(held)
+        watchdog = spec.lease is None
+        if watchdog:
+            _policy.check_margin(self.watchdog_lease, spec.delay_weight, self.tick)
+            lease_time = self.watchdog_lease
+        else:
+            lease_time = spec.lease  # type: ignore[assignment]
+        if spec.max_hold is not None and spec.max_hold < lease_time:
+            lease_time = spec.max_hold
+        token = secrets.token_hex(16)
+        sent = self._clock()
+        result = self._try(key, token, lease_time)
+        if not result.acquired:
+            result, sent = self._wait(key, token, lease_time, spec, sent, result)
+        lease = Lease(
+            client=self,
+            key=key,
+            token=token,
+            fencing_token=result.fencing_token,
+            lease_time=lease_time,
+            watchdog=watchdog,
+            delay_weight=spec.delay_weight,
+            sent_at=sent,
+            max_hold=spec.max_hold,
+            on_lost=spec.on_lost,
+        )
+        try:
+            if watchdog:
+                self._watchdog.register(lease)
+            else:
+                self._watchdog.watch(lease)
+        except BaseException:
+            self._discard(key, token)
+            raise
+        with self._count_lock:
+            self._counts["acquired"] += 1
+            self._held += 1
+        return lease
+
+    def _try(self, key: str, token: str, lease_time: float) -> AcquireResult:
+        try:
+            return self.backend.acquire(key, token, lease_time)
+        except BaseException:
+            # The request may have reached the store before the failure (a timeout, an
+            # interrupt): make sure it leaves no lock behind.
+            self._discard(key, token)
+            raise
+
+    def _discard(self, key: str, token: str) -> None:
+        try:
+            self.backend.release(key, token)
+        except BackendError:
+            pass
+
+    def _wait(
+        self,
+        key: str,
+        token: str,
+        lease_time: float,
+        spec: LockSpec,
+        start: float,
+        result: AcquireResult,
+    ) -> tuple[AcquireResult, float]:
+        clock = self._clock
+        deadline = _policy.wait_deadline(start, spec.wait)
+        subscription: Subscription | None = None
+        attempt = 0
+        try:
+            while True:
+                now = clock()
+                if deadline is not None and now >= deadline:
+                    with self._count_lock:
+                        self._counts["not_acquired"] += 1
+                    raise LockNotAcquired(
+                        f"lock {key!r} is held by another owner"
+                        + (f" (waited {now - start:.3f}s)" if spec.wait else ""),
+                        key=key,
+                        waited=now - start if spec.wait else 0.0,
+                        holder_ttl=result.holder_ttl,
+                    )
+                if subscription is None and self._notify:
+                    remaining = SUBSCRIBE_TIMEOUT if deadline is None else min(SUBSCRIBE_TIMEOUT, deadline - now)
+                    notifier = self.backend.notifier()
+                    if notifier is not None:
+                        subscription = notifier.subscribe(key, remaining)
+                    # Subscribed: retry at once, the holder may have released meanwhile.
+                else:
+                    pause = _policy.retry_sleep(
+                        now=now,
+                        deadline=deadline,
+                        holder_ttl=result.holder_ttl,
+                        attempt=attempt,
+                        notified=subscription is not None and subscription.active,
+                    )
+                    if subscription is not None:
+                        subscription.wait(pause)
+                    else:
+                        time.sleep(pause)
+                    attempt += 1
+                sent = clock()
+                result = self._try(key, token, lease_time)
+                if result.acquired:
+                    return result, sent
+        finally:
+            if subscription is not None:
+                notifier = self.backend.notifier()
+                if notifier is not None:
+                    notifier.unsubscribe(subscription)
+
+    def _reenter(self, lease: Lease) -> Lease:
+        if lease.lost:
+            raise LockLost(
+                f"cannot re-enter {lease.key!r}: its lease is lost ({lease.lost_reason})",
+                key=lease.key,
+                reason=lease.lost_reason or "expired",
+                lease=lease,
+            )
+        result = self.backend.reenter(lease.key, lease.token)
+        if not result.acquired:
+            self._lost_here(lease, "not-owner")
+            raise LockLost(
+                f"cannot re-enter {lease.key!r}: the store no longer has it for this owner",
+                key=lease.key,
+                reason="not-owner",
+                lease=lease,
+            )
+        lease._enter()
+        with self._count_lock:
+            self._counts["reentered"] += 1
+        return lease
+
+    def _release(self, lease: Lease) -> None:
+        """Drop one hold of ``lease``; on the last, stop the watchdog and delete the key.
+
+        Never raises for store trouble: a release that fails leaves a key that expires
+        with its lease, and the work done under the lock is not undone by it.
+        """
+        last = lease._exit()
+        if last:
+            self._watchdog.cancel(lease)
+            with self._count_lock:
+                self._held -= 1
+            if lease._lost_reason is None and self._clock() >= lease._expires_at:
+                self._lost_here(lease, "expired")
+        if lease._lost_reason == "not-owner":
+            return  # nothing of ours is left in the store
+        try:
+            code = self.backend.release(lease.key, lease.token)
+        except BackendError as exc:
+            release_log.warning(
+                "release of %r failed; the key expires with its lease (at most %.1fs): %s",
+                lease.key,
+                lease.lease_time,
+                exc,
+            )
+            return
+        if code == ReleaseResult.NOT_OWNER:
+            self._lost_here(lease, "not-owner")
+        elif code == ReleaseResult.RELEASED:
+            with self._count_lock:
+                self._counts["released"] += 1
+            if not last:
+                release_log.warning("%r was released while a re-entrant hold remained", lease.key)
+        elif last:
+            release_log.warning("%r is still held by this owner after its last release", lease.key)
+
+    def _release_when_done(self, lease: Lease, outcome: Outcome) -> None:
+        assert outcome.future is not None
+
+        def release(_: object) -> None:
+            try:
+                self._release(lease)
+            except Exception:  # noqa: BLE001 # pragma: no cover - _release does not raise for the store
+                release_log.exception("deferred release of %r failed", lease.key)
+
+        outcome.future.add_done_callback(release)
+
+    def _lost_here(self, lease: Lease, reason: str) -> None:
+        if lease._mark_lost(reason):
+            self._watchdog_lost(lease, reason)
+
+    def _watchdog_lost(self, lease: Lease, reason: str) -> None:
+        with self._count_lock:
+            self._counts["lost"] += 1
+        lost_log.warning(
+            "lease on %r lost (%s); fencing token %d is stale from now on",
+            lease.key,
+            reason,
+            lease.fencing_token,
+        )
+        hook = lease._on_lost
+        if hook is not None:
+            try:
+                hook(lease)
+            except Exception:  # noqa: BLE001 - a user hook must not break the watchdog
+                lost_log.exception("on_lost hook for %r raised", lease.key)
+
+    def _run(
+        self,
+        key: str,
+        spec: LockSpec,
+        executor: Executor | None,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        on_failure: Callable[[LockNotAcquired], Any] | None = None,
+    ) -> Any:
+        """Acquire, run ``fn`` through the executor, release; raise LockLost if lost.
+
+        ``on_failure`` turns a busy lock into a fallback result.
+        """
+        if on_failure is None:
+            lease = self._acquire(key, spec)
+        else:
+            try:
+                lease = self._acquire(key, spec)
+            except LockNotAcquired as exc:
+                return on_failure(exc)
+        held = _HELD.set((*_HELD.get(), lease))
+        outcome: Outcome | None = None
+        try:
+            outcome = run_body(executor, lease, fn, args, kwargs)
+        finally:
+            _HELD.reset(held)
+            if outcome is not None and outcome.abandoned:
+                self._release_when_done(lease, outcome)
+            else:
+                self._release(lease)
+        return self._settle(lease, outcome)
+
+    @staticmethod
+    def _settle(lease: Lease, outcome: Outcome) -> Any:
+        """Turn a finished (or abandoned) body into the call's result or exception."""
+        if outcome.interrupt is not None:
+            raise outcome.interrupt
+        exception = outcome.exception
+        if outcome.abandoned or lease.lost:
+            reason = lease.lost_reason or "expired"
+            when = (
+                "while the body was still running; it keeps running in its executor"
+                if outcome.abandoned
+                else "before the call completed"
+            )
+            finished = exception is None and not outcome.abandoned
+            raise LockLost(
+                f"lease on {lease.key!r} lost ({reason}) {when}",
+                key=lease.key,
+                reason=reason,
+                lease=lease,
+                result=outcome.result if finished else _NO_RESULT,
+                exception=exception,
+            ) from exception
+        if exception is not None:
+            raise exception
+        return outcome.result
+
+    def _reset_after_fork(self) -> None:
+        self._timer._reset_after_fork()
+        self._watchdog._reset_after_fork()
+        reset = getattr(self.backend, "_reset_after_fork", None)
+        if reset is not None:
+            reset()
+        self._count_lock = threading.Lock()
+        self._held = 0
+
+
+class LockBlock:
+    """The context manager returned by :meth:`LockClient.lock`."""
+
+    __slots__ = ("_client", "_key", "_lease", "_spec", "_token")
+
+    def __init__(self, client: LockClient, key: str, spec: LockSpec) -> None:
+        self._client = client
+        self._key = key
+        self._spec = spec
+        self._lease: Lease | None = None
+        self._token: Any = None
+
+    def __enter__(self) -> Lease:
+        if self._lease is not None:
+            raise RuntimeError("this lock block is already entered; call client.lock() again")
+        lease = self._client._acquire(self._key, self._spec)
+        self._lease = lease
+        self._token = _HELD.set((*_HELD.get(), lease))
+        return lease
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        lease, self._lease = self._lease, None
+        assert lease is not None
+        try:
+            _HELD.reset(self._token)
+        finally:
+            self._client._release(lease)
+        if lease.lost and (exc is None or isinstance(exc, Exception)):
+            reason = lease.lost_reason or "expired"
+            raise LockLost(
+                f"lease on {lease.key!r} lost ({reason}) before the block completed",
+                key=lease.key,
+                reason=reason,
+                lease=lease,
+                exception=exc,
+            ) from exc
+
+
+def _after_fork_in_child() -> None:
+    for client in list(_clients):
+        client._reset_after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,104 @@
+"""Where a locked body runs.
+
+By default the body runs inline, in the caller's thread, exactly like an undecorated call:
+thread-local state (a database session, an open transaction, a request context) keeps
+working, and the caller learns of a lost lease when the body returns (or earlier, by
+polling :meth:`Lease.check`).
+
+With ``executor=`` set to a :class:`concurrent.futures.Executor`, the body is submitted
+with a copy of the caller's :mod:`contextvars` context (so :func:`current_lease` and
+re-entry work in the worker thread) and the caller waits for whichever comes first: the
+body's result, or the lease being lost. On a lost lease the caller raises
+:class:`~lockaspect.LockLost` at once **while the body keeps running** (Python cannot stop
+a thread); the lock is released when the body finally finishes.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+from collections.abc import Callable
+from concurrent.futures import Executor, Future
+from typing import Any, Final, Literal
+
+from .lease import Lease
+
+__all__ = ["INLINE", "ExecutorOption", "Outcome", "check_executor", "run_body"]
+
+INLINE: Final = "inline"
+
+ExecutorOption = Executor | Literal["inline"] | None
+
+
+def check_executor(executor: object) -> Executor | None:
+    """Validate the ``executor=`` option; ``None`` means inline."""
+    if executor is None or executor == INLINE:
+        return None
+    if isinstance(executor, Executor) or callable(getattr(executor, "submit", None)):
+        return executor  # type: ignore[return-value]
+    raise TypeError(f"executor must be a concurrent.futures.Executor or 'inline', got {type(executor).__name__}")
+
+
+class Outcome:
+    """What became of a body: a result, an exception, or (executor only) still running
+    when the lease was lost."""
+
+    __slots__ = ("exception", "future", "interrupt", "result")
+
+    def __init__(
+        self,
+        result: Any = None,
+        exception: BaseException | None = None,
+        future: Future[Any] | None = None,
+        interrupt: BaseException | None = None,
+    ) -> None:
+        self.result = result
+        self.exception = exception
+        #: Set when the caller stopped waiting for a body that is still running.
+        self.future = future
+        #: The KeyboardInterrupt (or other BaseException) that stopped the wait.
+        self.interrupt = interrupt
+
+    @property
+    def abandoned(self) -> bool:
+        return self.future is not None
+
+
+def run_body(
+    executor: Executor | None,
+    lease: Lease,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Outcome:
+    """Run ``fn(*args, **kwargs)`` inline or on ``executor``.
+
+    ``Exception`` from the body becomes ``Outcome.exception``; ``BaseException``
+    (``KeyboardInterrupt``, ``SystemExit``) propagates so the caller's cleanup runs.
+    """
+    if executor is None:
+        try:
+            return Outcome(result=fn(*args, **kwargs))
+        except Exception as exc:  # noqa: BLE001 - the caller re-raises it after releasing
+            return Outcome(exception=exc)
+    context = contextvars.copy_context()
+    future = executor.submit(context.run, fn, *args, **kwargs)
+    done = threading.Event()
+    future.add_done_callback(lambda _: done.set())
+    lease._add_lost_waiter(done.set)
+    try:
+        done.wait()
+    except BaseException as exc:
+        if future.cancel():
+            raise  # never started: the caller releases as usual
+        # Interrupted while the body runs: the caller stops waiting, the body does not,
+        # and the lock must stay held until it finishes.
+        return Outcome(future=future, interrupt=exc)
+    if not future.done():
+        return Outcome(future=future)
+    exception = future.exception()
+    if exception is not None:
+        if not isinstance(exception, Exception):
+            raise exception
+        return Outcome(exception=exception)
+    return Outcome(result=future.result())

@@ -1,0 +1,195 @@
+"""The :class:`Lease` a locked call holds, and :func:`current_lease`.
+
+Ownership follows the logical call chain, not the thread: the leases held by the calls
+that are running are kept in a :mod:`contextvars` stack. A nested locked call on the same
+key and client finds its lease there and re-enters it, whichever thread an executor moved
+it to; an unrelated thread starts with an empty stack and never shares a hold.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any
+
+from .errors import LockLost
+
+if TYPE_CHECKING:
+    from .timer import Timeout
+
+__all__ = ["Lease", "current_lease"]
+
+# Innermost last. A tuple so that a copied context (executor, task) can never see a later
+# push or pop of its parent.
+_HELD: ContextVar[tuple[Lease, ...]] = ContextVar("lockaspect_held", default=())
+
+# One lock for all leases' small bookkeeping (hold counts, the lost flag): the critical
+# sections are a few bytecodes, and a lock per lease would cost memory per held lock.
+_BOOKKEEPING = threading.Lock()
+
+# Watchdog states (see watchdog.py).
+IDLE, ARMED, QUEUED, IN_FLIGHT, FINAL, CLOSED = range(6)
+
+
+class Lease:
+    """A held lock: who holds it, its fencing token, and whether it is still safe.
+
+    A ``Lease`` is what ``with client.lock(...) as lease`` yields and what
+    :func:`current_lease` returns inside a decorated call.
+
+    Attributes:
+        key: The rendered key, e.g. ``"order:42"`` (without the store namespace).
+        token: The random owner token (128 bits, hex) that the store compares on renew
+            and release.
+        fencing_token: An integer strictly larger than every fencing token issued before
+            for this key. Pass it to the resource you write to so it can reject writes
+            from a holder whose lease ended (see :mod:`lockaspect.fencing`).
+        acquired_at: Wall-clock time of the acquisition (``time.time()``).
+        lease_time: Seconds of lease asked for at each (re)newal.
+        watchdog: ``True`` when the watchdog renews the lease until the call completes.
+    """
+
+    __slots__ = (
+        "_attempt",
+        "_batch",
+        "_client",
+        "_deadline",
+        "_delay_weight",
+        "_expires_at",
+        "_hold_deadline",
+        "_holds",
+        "_lost_reason",
+        "_lost_waiters",
+        "_on_lost",
+        "_renewed_at",
+        "_timeout",
+        "_wd_state",
+        "acquired_at",
+        "fencing_token",
+        "key",
+        "lease_time",
+        "token",
+        "watchdog",
+    )
+
+    def __init__(
+        self,
+        *,
+        client: Any,
+        key: str,
+        token: str,
+        fencing_token: int,
+        lease_time: float,
+        watchdog: bool,
+        delay_weight: float,
+        sent_at: float,
+        max_hold: float | None,
+        on_lost: Callable[[Lease], object] | None,
+    ) -> None:
+        self.key = key
+        self.token = token
+        self.fencing_token = fencing_token
+        self.acquired_at = time.time()
+        self.lease_time = lease_time
+        self.watchdog = watchdog
+        self._client = client
+        self._delay_weight = delay_weight
+        # Local, conservative estimate: the store started the lease after it received the
+        # request, which was after ``sent_at``.
+        self._renewed_at = sent_at
+        self._expires_at = sent_at + lease_time
+        self._hold_deadline = None if max_hold is None else sent_at + max_hold
+        self._holds = 1
+        self._lost_reason: str | None = None
+        self._lost_waiters: list[Callable[[], object]] | None = None
+        self._on_lost = on_lost
+        self._wd_state = IDLE
+        self._timeout: Timeout | None = None
+        self._deadline: Timeout | None = None
+        self._batch: Any = None
+        self._attempt = 0
+
+    @property
+    def lost(self) -> bool:
+        """``True`` once the lease is known to be gone, or its local deadline has passed."""
+        if self._lost_reason is not None:
+            return True
+        return time.monotonic() >= self._expires_at and self._holds > 0
+
+    @property
+    def lost_reason(self) -> str | None:
+        """Why the lease was lost (``"not-owner"``, ``"expired"``, ``"max-hold"``), or ``None``."""
+        if self._lost_reason is None and self.lost:
+            return "expired"
+        return self._lost_reason
+
+    @property
+    def expires_in(self) -> float:
+        """Seconds until the lease ends unless renewed (negative once past)."""
+        return self._expires_at - time.monotonic()
+
+    def check(self) -> None:
+        """Raise :class:`~lockaspect.LockLost` if the lease is lost; a cheap local check.
+
+        Call it from long-running synchronous bodies between steps: Python cannot
+        interrupt a thread, so this is how a sync body learns that it lost the lock.
+        """
+        if self.lost:
+            reason = self.lost_reason or "expired"
+            raise LockLost(f"lease on {self.key!r} lost ({reason})", key=self.key, reason=reason, lease=self)
+
+    def __repr__(self) -> str:
+        state = f"lost:{self.lost_reason}" if self.lost else "held"
+        return f"<Lease key={self.key!r} fencing_token={self.fencing_token} watchdog={self.watchdog} {state}>"
+
+    # -- internal ---------------------------------------------------------------------
+
+    def _mark_lost(self, reason: str) -> bool:
+        """Flip to lost; ``True`` for the caller that flipped it (it runs the hooks)."""
+        with _BOOKKEEPING:
+            if self._lost_reason is not None:
+                return False
+            self._lost_reason = reason
+            waiters, self._lost_waiters = self._lost_waiters, None
+        for wake in waiters or ():
+            wake()
+        return True
+
+    def _add_lost_waiter(self, wake: Callable[[], object]) -> None:
+        with _BOOKKEEPING:
+            if self._lost_reason is None:
+                if self._lost_waiters is None:
+                    self._lost_waiters = []
+                self._lost_waiters.append(wake)
+                return
+        wake()
+
+    def _enter(self) -> None:
+        with _BOOKKEEPING:
+            self._holds += 1
+
+    def _exit(self) -> bool:
+        """Drop one hold; ``True`` when it was the last one."""
+        with _BOOKKEEPING:
+            self._holds -= 1
+            return self._holds == 0
+
+
+def current_lease() -> Lease | None:
+    """The :class:`Lease` of the innermost locked call running in this context, or ``None``.
+
+    Inside a decorated function (or a ``with client.lock(...)`` block) this is the lease the
+    call holds, also when an executor runs the body in another thread: the context travels
+    with it. Threads you start yourself begin with an empty context and see ``None``.
+    """
+    held = _HELD.get()
+    return held[-1] if held else None
+
+
+def _find_held(client: object, key: str) -> Lease | None:
+    for lease in reversed(_HELD.get()):
+        if lease._client is client and lease.key == key:
+            return lease
+    return None

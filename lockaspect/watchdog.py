@@ -1,0 +1,263 @@
+"""The per-client watchdog: renews every watchdog-mode lease of a client, in batches.
+
+Each lease has at most two timeouts on the client's wheel: the next renewal attempt and,
+while an attempt is pending, the lease end. When a renewal falls due the timer thread
+only queues the lease; after the tick the watchdog thread sends everything queued in ONE
+round trip (one pipelined call of the batched renew script) and reads one status per
+lease:
+
+* renewed: the lease end moves to ``sent + lease`` (measured from when the request left,
+  a conservative local estimate) and the next attempt is ``delay_weight * lease`` later;
+* not ours: the lease is lost at once;
+* the round trip failed: retried with short backoff while the lease lasts.
+
+If the lease end passes first (store unreachable, a stalled round trip, a process pause)
+the lease is lost. Losing a lease sets its flag, logs a WARNING on ``lockaspect.watchdog``
+and runs the ``on_lost`` hook on the watchdog thread.
+
+Two library threads in all, however many leases: the timer and this watchdog.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from . import _policy
+from .errors import BackendError
+from .lease import ARMED, CLOSED, FINAL, IN_FLIGHT, QUEUED, Lease
+
+if TYPE_CHECKING:
+    from .backends.base import Backend
+    from .timer import HashedWheelTimer
+
+__all__ = ["Watchdog", "WatchdogStats"]
+
+log = logging.getLogger("lockaspect.watchdog")
+
+
+class WatchdogStats:
+    """Counters, written only by the watchdog thread (so plain ints are exact)."""
+
+    __slots__ = ("renewal_failures", "renewals", "round_trips")
+
+    def __init__(self) -> None:
+        self.renewals = 0
+        self.round_trips = 0
+        self.renewal_failures = 0
+
+
+class _Batch:
+    __slots__ = ("done",)
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+
+
+class Watchdog:
+    """Renews leases for one backend from one thread, driven by one timer.
+
+    Args:
+        backend: Where renewals go.
+        timer: The client's wheel; the watchdog schedules on it and listens to its ticks.
+        lost: Called as ``lost(lease, reason)`` on the watchdog thread, once per lease the
+            watchdog gave up, after the lease's flag is set (it logs and runs the hook).
+        clock: Monotonic clock; the same one the timer uses.
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        timer: HashedWheelTimer,
+        lost: Callable[[Lease, str], None],
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._backend = backend
+        self._timer = timer
+        self._lost = lost
+        self._clock = clock
+        self._cond = threading.Condition(threading.Lock())
+        self._due: list[Lease] = []
+        self._expired: deque[tuple[Lease, str]] = deque()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self.stats = WatchdogStats()
+        timer.add_tick_listener(self._after_tick)
+
+    @property
+    def thread(self) -> threading.Thread | None:
+        return self._thread
+
+    def register(self, lease: Lease) -> None:
+        """Start renewing a watchdog-mode lease. Call before the body starts."""
+        with self._cond:
+            self._arm_next(lease)
+
+    def watch(self, lease: Lease) -> None:
+        """Watch a fixed lease: no renewal, only the lost signal at its end."""
+        with self._cond:
+            lease._wd_state = FINAL
+            lease._deadline = self._timer.schedule(lease._expires_at, self._deadline_due, lease)
+
+    def cancel(self, lease: Lease) -> None:
+        """Stop renewing or watching ``lease``; wait for a renewal of it that is in flight,
+        so that nothing renews the key after the caller releases it."""
+        with self._cond:
+            state = lease._wd_state
+            lease._wd_state = CLOSED
+            self._cancel_timeouts(lease)
+            batch = lease._batch if state == IN_FLIGHT else None
+        if batch is not None and threading.current_thread() is not self._thread:
+            batch.done.wait()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+    # -- called with self._cond held --------------------------------------------------
+
+    def _arm_next(self, lease: Lease) -> None:
+        hold_deadline = lease._hold_deadline
+        if hold_deadline is not None and lease._expires_at >= hold_deadline - 1e-6:
+            # max_hold reached: this lease term is the last one.
+            lease._wd_state = FINAL
+            lease._deadline = self._timer.schedule(lease._expires_at, self._deadline_due, lease)
+            return
+        lease._wd_state = ARMED
+        at = _policy.first_renewal_at(lease._renewed_at, lease.lease_time, lease._delay_weight)
+        lease._timeout = self._timer.schedule(at, self._renew_due, lease)
+
+    def _cancel_timeouts(self, lease: Lease) -> None:
+        for timeout in (lease._timeout, lease._deadline):
+            if timeout is not None:
+                timeout.cancel()
+        lease._timeout = lease._deadline = None
+
+    # -- timer thread -----------------------------------------------------------------
+
+    def _renew_due(self, lease: Lease) -> None:
+        with self._cond:
+            if lease._wd_state != ARMED:
+                return
+            lease._wd_state = QUEUED
+            lease._timeout = None
+            self._due.append(lease)
+            if lease._deadline is None:
+                # If the attempt stalls, the lease end still fires on time.
+                lease._deadline = self._timer.schedule(lease._expires_at, self._deadline_due, lease)
+
+    def _after_tick(self) -> None:
+        if self._due or self._expired:
+            with self._cond:
+                if self._thread is None and not self._stopping:
+                    self._thread = threading.Thread(target=self._run, name="lockaspect-watchdog", daemon=True)
+                    self._thread.start()
+                self._cond.notify()
+
+    def _deadline_due(self, lease: Lease) -> None:
+        with self._cond:
+            state = lease._wd_state
+            if state == CLOSED or lease._lost_reason is not None:
+                return
+            now = self._clock()
+            if now < lease._expires_at:  # renewed since; a stale deadline
+                return
+            hold_deadline = lease._hold_deadline
+            reason = "max-hold" if hold_deadline is not None and now >= hold_deadline - 1e-6 else "expired"
+            lease._wd_state = CLOSED
+            self._cancel_timeouts(lease)
+            # Flip the flag here, on time; the hook runs on the watchdog thread.
+            if lease._mark_lost(reason):
+                self._expired.append((lease, reason))
+
+    # -- watchdog thread --------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._due and not self._expired and not self._stopping:
+                    self._cond.wait()
+                if self._stopping:
+                    return
+                expired = list(self._expired)
+                self._expired.clear()
+                batch = _Batch()
+                leases = []
+                for lease in self._due:
+                    if lease._wd_state == QUEUED:
+                        lease._wd_state = IN_FLIGHT
+                        lease._batch = batch
+                        leases.append(lease)
+                self._due = []
+            for lease, reason in expired:
+                self._lost(lease, reason)
+            if leases:
+                self._renew(leases, batch)
+
+    def _renew(self, leases: list[Lease], batch: _Batch) -> None:
+        sent = self._clock()
+        requests = [
+            (lease.key, lease.token, _policy.renewal_lease(sent, lease.lease_time, lease._hold_deadline))
+            for lease in leases
+        ]
+        stats = self.stats
+        stats.round_trips += 1
+        try:
+            statuses: list[bool] | None = self._backend.renew(requests)
+        except BackendError as exc:
+            stats.renewal_failures += len(leases)
+            log.debug("renewal round trip for %d lease(s) failed: %s", len(leases), exc)
+            statuses = None
+        lost: list[Lease] = []
+        try:
+            with self._cond:
+                now = self._clock()
+                for i, lease in enumerate(leases):
+                    lease._batch = None
+                    if lease._wd_state != IN_FLIGHT:
+                        continue  # cancelled while in flight; the canceller is waiting
+                    if statuses is None:
+                        self._retry(lease, now)
+                    elif statuses[i]:
+                        stats.renewals += 1
+                        lease._attempt = 0
+                        if lease._lost_reason is None:
+                            lease._renewed_at = sent
+                            lease._expires_at = sent + requests[i][2]
+                        if lease._deadline is not None:
+                            lease._deadline.cancel()
+                            lease._deadline = None
+                        self._arm_next(lease)
+                    else:
+                        lease._wd_state = CLOSED
+                        self._cancel_timeouts(lease)
+                        lost.append(lease)
+        finally:
+            batch.done.set()
+        for lease in lost:
+            if lease._mark_lost("not-owner"):
+                self._lost(lease, "not-owner")
+
+    def _retry(self, lease: Lease, now: float) -> None:
+        lease._attempt += 1
+        at = _policy.renewal_retry_at(now, lease._attempt, lease._expires_at, self._timer.tick)
+        if at is None:
+            lease._wd_state = FINAL  # the deadline timeout declares it lost
+            return
+        lease._wd_state = ARMED
+        lease._timeout = self._timer.schedule(at, self._renew_due, lease)
+
+    def _reset_after_fork(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._due = []
+        self._expired.clear()
+        self._thread = None
