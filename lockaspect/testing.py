@@ -101,6 +101,7 @@ class LockServer:
         self.port = 0
         self.unix_socket = ""
         self.version = ""
+        self._log_thread: Any = None
 
     @property
     def url(self) -> str:
@@ -174,31 +175,44 @@ class LockServer:
             for raw in lines:
                 line = raw.decode(errors="replace")
                 output.append(line)
-                if " v=" in line and not self.version:
-                    self.version = line.split(" v=", 1)[1].split()[0]
+                for marker in (" version=", " v="):
+                    if marker in line and not self.version:
+                        self.version = line.split(marker, 1)[1].split(",")[0].split()[0]
                 if "Ready to accept connections" in line:
-                    self._drain(fd)
+                    self._drain(process)
                     return True
                 if "Address already in use" in line:
                     process.wait()
+                    process.stdout.close()
                     return False
         process.kill()
         process.wait()
+        process.stdout.close()
         raise RuntimeError(f"{self.binary} did not become ready:\n" + "\n".join(output[-20:]))
 
-    @staticmethod
-    def _drain(fd: int) -> None:
-        # Keep reading the server's log in the background so a full pipe never blocks it.
+    def _drain(self, process: subprocess.Popen[bytes]) -> None:
+        # Keep reading the server's log so a full pipe never blocks it; the reader closes
+        # the pipe at EOF, when the server exits.
         import threading
+
+        stdout = process.stdout
+        assert stdout is not None
 
         def drain() -> None:
             try:
-                while os.read(fd, 65536):
+                while stdout.read1(65536):
                     pass
-            except OSError:
-                pass
+            finally:
+                stdout.close()
 
-        threading.Thread(target=drain, name="lockaspect-server-log", daemon=True).start()
+        self._log_thread = threading.Thread(target=drain, name="lockaspect-server-log", daemon=True)
+        self._log_thread.start()
+
+    def _reap(self, process: subprocess.Popen[bytes]) -> None:
+        process.wait()
+        thread, self._log_thread = self._log_thread, None
+        if thread is not None:
+            thread.join(timeout=5)
 
     def stop(self) -> None:
         """Stop the server (SIGTERM, then SIGKILL) and remove its directory."""
@@ -217,18 +231,17 @@ class LockServer:
             process.wait(timeout=10)
         except subprocess.TimeoutExpired:
             process.kill()
-            process.wait()
+        self._reap(process)
 
     def kill(self) -> None:
         """SIGKILL the server; keep the directory (and the port) for :meth:`restart`."""
-        process = self.process
+        process, self.process = self.process, None
         if process is not None:
             process.kill()
-            process.wait()
-        self.process = None
+            self._reap(process)
 
     def restart(self) -> None:
-        """Start again on the same port and socket after :meth:`kill` or :meth:`stop_process`."""
+        """Start again on the same port and socket (after :meth:`kill`, say)."""
         if self.process is not None:
             self._terminate()
         if not self._spawn():
