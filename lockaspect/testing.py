@@ -200,7 +200,7 @@ class LockServer:
 
         def drain() -> None:
             try:
-                while stdout.read1(65536):
+                while os.read(stdout.fileno(), 65536):
                     pass
             finally:
                 stdout.close()
