@@ -18,6 +18,7 @@ distinct lock name ever used.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import logging
 import threading
 import time
@@ -27,7 +28,7 @@ from typing import Any
 
 import redis
 from redis.backoff import NoBackoff
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import NoScriptError, RedisError, ResponseError
 from redis.retry import Retry
 
 from ..errors import BackendError
@@ -50,12 +51,32 @@ def load_script(name: str) -> str:
 class LuaScript:
     """A script's text and SHA1, loaded once per backend instance."""
 
-    __slots__ = ("name", "sha", "source")
+    __slots__ = ("_heads", "name", "sha", "source")
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.source = load_script(name)
         self.sha = hashlib.sha1(self.source.encode()).hexdigest()
+        self._heads: dict[tuple[int, int], bytes] = {}
+
+    def packed(self, keys: tuple[bytes, ...], args: tuple[bytes, ...]) -> bytes:
+        """``EVALSHA sha numkeys keys... args...`` in the wire format."""
+        shape = (len(keys), len(args))
+        head = self._heads.get(shape)
+        if head is None:
+            head = b"*%d\r\n" % (3 + shape[0] + shape[1]) + _bulk(b"EVALSHA") + _bulk(self.sha.encode())
+            head += _bulk(b"%d" % shape[0])
+            self._heads[shape] = head
+        return head + b"".join([_bulk(part) for part in keys + args])
+
+    def run(self, wire: _Wire, client: Any, keys: tuple[bytes, ...], args: tuple[bytes, ...]) -> Any:
+        """EVALSHA over the wire, loading the script once on NOSCRIPT."""
+        command = ("EVALSHA", self.sha, len(keys), *keys, *args)
+        try:
+            return wire.call(self.packed(keys, args), command)
+        except NoScriptError:
+            client.execute_command("SCRIPT", "LOAD", self.source)
+            return wire.call(self.packed(keys, args), command)
 
     def __call__(self, client: Any, keys: Sequence[str], args: Sequence[object]) -> Any:
         """EVALSHA, loading the script once on NOSCRIPT (after SCRIPT FLUSH or a failover)."""
@@ -64,6 +85,63 @@ class LuaScript:
         except NoScriptError:
             client.execute_command("SCRIPT", "LOAD", self.source)
             return client.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
+
+
+class _Wire:
+    """Sends one pre-packed command on a pooled connection and reads its reply.
+
+    The hot path of a lock is two round trips (acquire, release). redis-py's
+    ``execute_command`` spends more time per call in argument packing, retry wrappers and
+    observability hooks than the two scripts take on the server, so lock commands are
+    packed here (the constant ``EVALSHA <sha> <numkeys>`` prefix once per script) and sent
+    with the connection's public ``send_packed_command`` / ``read_response``. Clients
+    without a plain connection pool (a single-connection client, Redis Cluster) use
+    ``execute_command`` instead.
+    """
+
+    __slots__ = ("_client", "_get_args", "_pool")
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        pool = getattr(client, "connection_pool", None)
+        usable = (
+            pool is not None
+            and getattr(client, "connection", None) is None
+            and callable(getattr(pool, "get_connection", None))
+            and callable(getattr(pool, "release", None))
+        )
+        self._pool = pool if usable else None
+        # redis-py < 5.1 requires get_connection(command_name); newer versions deprecate it.
+        self._get_args: tuple[str, ...] = ()
+        if self._pool is not None:
+            try:
+                parameter = inspect.signature(self._pool.get_connection).parameters.get("command_name")
+            except (TypeError, ValueError):
+                parameter = None
+            if parameter is not None and parameter.default is inspect.Parameter.empty:
+                self._get_args = ("EVALSHA",)
+
+    def call(self, packed: bytes, args: tuple[object, ...]) -> Any:
+        """Send ``packed`` (``args`` is the same command unpacked, for the slow path)."""
+        pool = self._pool
+        if pool is None:
+            return self._client.execute_command(*args)
+        connection = pool.get_connection(*self._get_args)
+        try:
+            connection.send_packed_command((packed,))
+            return connection.read_response()
+        except ResponseError:
+            raise  # the whole reply was read: the connection is in a clean state
+        except BaseException:
+            # A timeout or an interrupt may leave half a reply on the socket.
+            connection.disconnect()
+            raise
+        finally:
+            pool.release(connection)
+
+
+def _bulk(value: bytes) -> bytes:
+    return b"$%d\r\n%b\r\n" % (len(value), value)
 
 
 def map_redis_error(exc: BaseException, key: str | None, action: str) -> BackendError:
@@ -106,8 +184,10 @@ class RedisBackend:
         # Per instance, not per class: redis-py's Lock caches scripts on the class, bound
         # to whichever client registered them first.
         self._acquire = LuaScript("acquire.lua")
+        self._reenter = LuaScript("reenter.lua")
         self._release = LuaScript("release.lua")
         self._renew = LuaScript("renew.lua")
+        self._wire = _Wire(client)
         self._notifier: RedisNotifier | None = None
         self._notifier_lock = threading.Lock()
 
@@ -125,28 +205,32 @@ class RedisBackend:
         return f"{self.namespace}{{{key}}}:released"
 
     def acquire(self, key: str, token: str, lease: float) -> AcquireResult:
-        lock = f"{self.namespace}{{{key}}}"
+        lock = f"{self.namespace}{{{key}}}".encode()
         try:
-            reply = self._acquire(self.redis, (lock, lock + ":fence"), (token, _ms(lease), 0))
+            reply = self._acquire.run(
+                self._wire, self.redis, (lock, lock + b":fence"), (token.encode(), b"%d" % _ms(lease))
+            )
         except RedisError as exc:
             raise map_redis_error(exc, key, "acquire") from exc
-        return _acquire_result(reply)
+        if reply > 0:
+            return AcquireResult(True, reply, 1)
+        return AcquireResult(False, holder_ttl=(-reply - 1) / 1000.0 if reply < 0 else None)
 
     def reenter(self, key: str, token: str) -> AcquireResult:
-        lock = f"{self.namespace}{{{key}}}"
+        lock = f"{self.namespace}{{{key}}}".encode()
         try:
-            reply = self._acquire(self.redis, (lock, lock + ":fence"), (token, 0, 1))
+            holds = self._reenter.run(self._wire, self.redis, (lock,), (token.encode(),))
         except RedisError as exc:
             raise map_redis_error(exc, key, "re-enter") from exc
-        return _acquire_result(reply)
+        return AcquireResult(holds > 0, 0, holds)
 
     def release(self, key: str, token: str) -> ReleaseResult:
-        lock = f"{self.namespace}{{{key}}}"
+        lock = f"{self.namespace}{{{key}}}".encode()
         try:
-            code = self._release(self.redis, (lock, lock + ":released"), (token,))
+            code = self._release.run(self._wire, self.redis, (lock,), (token.encode(),))
         except RedisError as exc:
             raise map_redis_error(exc, key, "release") from exc
-        return ReleaseResult(code)
+        return _RELEASE_CODES[code]
 
     def renew(self, leases: Sequence[tuple[str, str, float]]) -> list[bool]:
         if not leases:
@@ -210,11 +294,7 @@ def _ms(seconds: float) -> int:
     return max(1, int(seconds * 1000))
 
 
-def _acquire_result(reply: Any) -> AcquireResult:
-    if reply[0] == 1:
-        return AcquireResult(True, int(reply[1]), int(reply[2]))
-    pttl = int(reply[1])
-    return AcquireResult(False, holder_ttl=pttl / 1000.0 if pttl >= 0 else None)
+_RELEASE_CODES = {code.value: code for code in ReleaseResult}
 
 
 # -- release notifications ----------------------------------------------------------------
