@@ -11,8 +11,6 @@ See the documentation in ``docs/`` for the guarantees (lease, fencing token, los
 signal) and what a lease lock cannot promise.
 """
 
-from __future__ import annotations
-
 from .aspect import FailureContext as FailureContext
 from .aspect import distributed_lock as distributed_lock
 from .client import LockClient as LockClient

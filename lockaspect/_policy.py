@@ -42,7 +42,10 @@ def seconds(value: object, name: str, *, allow_zero: bool = False, allow_none: b
         raise ConfigurationError(f"{name} must be a number of seconds, not None")
     if isinstance(value, bool) or not isinstance(value, (int, float, timedelta)):
         raise TypeError(f"{name} must be seconds as int, float or datetime.timedelta, not {type(value).__name__}")
-    result = value.total_seconds() if isinstance(value, timedelta) else float(value)
+    try:
+        result = value.total_seconds() if isinstance(value, timedelta) else float(value)
+    except OverflowError:  # an int too large for a float: reported as not finite below
+        result = math.inf
     if math.isnan(result) or math.isinf(result):
         raise ConfigurationError(f"{name} must be a finite number of seconds, got {result!r}")
     if result < 0 or (result == 0 and not allow_zero):
@@ -65,7 +68,10 @@ def check_delay_weight(delay_weight: object) -> float:
     """``delay_weight`` must be a float strictly between 0 and 1."""
     if isinstance(delay_weight, bool) or not isinstance(delay_weight, (int, float)):
         raise TypeError(f"delay_weight must be a float in (0, 1), not {type(delay_weight).__name__}")
-    weight = float(delay_weight)
+    try:
+        weight = float(delay_weight)
+    except OverflowError:  # an int too large for a float: out of range below
+        weight = math.inf
     if not 0.0 < weight < 1.0:  # also rejects NaN
         raise ConfigurationError(f"delay_weight must be in (0, 1), got {weight!r}")
     return weight
@@ -142,7 +148,7 @@ def retry_sleep(
     if notified:  # a release wakes us: sleep out the hint, plus jitter against lost messages
         sleep = holder_ttl + min(0.05, holder_ttl * 0.1) * jitter
     else:  # polling: jittered backoff, never past the hint
-        sleep = min(holder_ttl, backoff) * (0.5 + jitter)
+        sleep = min(holder_ttl, backoff) * (0.5 + 0.5 * jitter)
     sleep = max(sleep, POLL_FLOOR * jitter)
     if deadline is not None:
         sleep = min(sleep, deadline - now)

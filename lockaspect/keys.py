@@ -23,6 +23,7 @@ from __future__ import annotations
 import ast
 import enum
 import inspect
+import operator
 import re
 import threading
 import uuid
@@ -50,7 +51,8 @@ DEFAULT_MAX_KEY_BYTES: Final = 1024
 RESERVED_NAMES: Final = frozenset({"args", "kwargs", "func"})
 
 _P_NAME = re.compile(r"p(0|[1-9][0-9]*)\Z")
-_ENCODE = re.compile(r"[%:{}*?\[\]\\\s\x00-\x1f\x7f-\x9f]")
+# Lone surrogates (e.g. from os.fsdecode) are encoded too, so every key is valid UTF-8.
+_ENCODE = re.compile(r"[%:{}*?\[\]\\\s\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 # Literal characters that separate two placeholders unambiguously: values can never
 # contain them raw.
 _SEPARATORS = re.compile(r"[:*?\[\]\\\s\x00-\x1f\x7f-\x9f]")
@@ -108,7 +110,7 @@ def encode_value(value: str) -> str:
 
 
 def _percent(match: re.Match[str]) -> str:
-    return "".join(f"%{byte:02X}" for byte in match.group().encode("utf-8"))
+    return "".join(f"%{byte:02X}" for byte in match.group().encode("utf-8", "surrogatepass"))
 
 
 def check_key(key: object, *, max_bytes: int = DEFAULT_MAX_KEY_BYTES, template: str | None = None) -> str:
@@ -123,6 +125,14 @@ def check_key(key: object, *, max_bytes: int = DEFAULT_MAX_KEY_BYTES, template: 
             template=template,
             key=key,
         )
+    if not key.isascii():
+        try:
+            key.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise KeyTemplateError(
+                f"lock key {key!r} is not valid UTF-8 (lone surrogate at position {exc.start})",
+                template=template,
+            ) from None
     if len(key) * 4 > max_bytes and len(key.encode("utf-8")) > max_bytes:
         raise KeyTemplateError(
             f"lock key is {len(key.encode('utf-8'))} bytes, over the {max_bytes}-byte cap (starts {key[:40]!r})",
@@ -143,35 +153,34 @@ def _render_value(value: Any, expression: str, template: str) -> str:
             template=template,
             expression=expression,
         )
-    if isinstance(value, bool):
-        pass  # an int, but True/1 and False/0 would share a lock
-    elif isinstance(value, enum.Enum):
+    # A registered converter wins over the built-in rules for every type but exact str and
+    # int, so a converter for a str/int subclass or an Enum is honoured.
+    for cls in kind.__mro__:
+        converter = _CONVERTERS.get(cls)
+        if converter is not None:
+            try:
+                text = converter(value)
+            except Exception as exc:
+                raise KeyTemplateError(
+                    f"converter for {cls.__name__} failed on <{expression}>: {exc!r}",
+                    template=template,
+                    expression=expression,
+                ) from exc
+            if not isinstance(text, str):
+                raise KeyTemplateError(
+                    f"converter for {cls.__name__} returned {type(text).__name__}, not str",
+                    template=template,
+                    expression=expression,
+                )
+            return encode_value(text)
+    if isinstance(value, enum.Enum):
         return _render_value(value.value, expression, template)
-    elif isinstance(value, str):
+    if isinstance(value, str):
         return encode_value(str.__str__(value))
-    elif isinstance(value, int):
+    if isinstance(value, int) and not isinstance(value, bool):  # True/1 would share a lock
         return str(int(value))
-    elif isinstance(value, uuid.UUID):
+    if isinstance(value, uuid.UUID):
         return str(value)
-    else:
-        for cls in kind.__mro__:
-            converter = _CONVERTERS.get(cls)
-            if converter is not None:
-                try:
-                    text = converter(value)
-                except Exception as exc:
-                    raise KeyTemplateError(
-                        f"converter for {cls.__name__} failed on <{expression}>: {exc!r}",
-                        template=template,
-                        expression=expression,
-                    ) from exc
-                if not isinstance(text, str):
-                    raise KeyTemplateError(
-                        f"converter for {cls.__name__} returned {type(text).__name__}, not str",
-                        template=template,
-                        expression=expression,
-                    )
-                return encode_value(text)
     raise KeyTemplateError(
         f"<{expression}> is a {kind.__name__}, which has no key rendering; keys render "
         f"str, int, uuid.UUID and enum values, or register_converter({kind.__name__}, fn)",
@@ -200,7 +209,7 @@ class _Evaluator(SimpleEval):  # type: ignore[misc]
     def __init__(self, names: Mapping[str, Any], functions: Mapping[str, Any]) -> None:
         self.names = names
         self.functions = functions
-        self.operators: dict[Any, Any] = {}
+        self.operators: dict[Any, Any] = {ast.USub: operator.neg}  # negative indices: <items[-1]>
         self.allowed_attrs = None
         self.ATTR_INDEX_FALLBACK = True
         self.expr = ""
@@ -225,7 +234,8 @@ _Evaluator._dispatch = {
     ast.Subscript: SimpleEval._eval_subscript,
     ast.Call: SimpleEval._eval_call,
     ast.keyword: SimpleEval._eval_keyword,
-    ast.Constant: SimpleEval._eval_constant,
+    # A staticmethod in simpleeval: unwrap it, since handlers are called as handler(self, node).
+    ast.Constant: lambda _self, node: SimpleEval._eval_constant(node),
     ast.UnaryOp: SimpleEval._eval_unaryop,
 }
 

@@ -144,6 +144,8 @@ class _Wheel:
         self._transfer_pending()
         left = [t for bucket in self._buckets for t in bucket if t._state == _PENDING]
         for bucket in self._buckets:
+            for timeout in bucket:
+                timeout._bucket = None  # so a later cancel() cannot decrement the count again
             bucket.clear()
         self._count = 0
         return left
