@@ -39,7 +39,7 @@ _UNSET: Any = _Unset()
 
 _DEFAULTS: dict[str, Any] = {
     "lease": None,
-    "delay_weight": 0.9,
+    "delay_weight": None,
     "wait": 0.0,
     "max_hold": None,
     "on_failure": None,
@@ -147,7 +147,8 @@ class _LockAspect:
         client = self.client
         if client is None and not at_call:
             client = config._client
-        if spec.lease is None:
+        if spec.lease is None and spec.delay_weight is not None:
+            # A client's own default delay_weight was checked when the client was built.
             lease = client.watchdog_lease if client is not None else 30.0
             tick = client.tick if client is not None else 0.1
             _policy.check_margin(lease, spec.delay_weight, tick)
@@ -158,8 +159,10 @@ class _LockAspect:
     def render(self, resolved: _Resolved, names: dict[str, Any], skip: int) -> str:
         if resolved.template is not None:
             template = resolved.template
-            if template.names:
-                names = self._names.extend(names, template.names, skip)
+            if template.names and not names.keys() >= template.names:
+                # A copy: ``names`` is also what on_failure gets as the bound arguments,
+                # which must not grow the template's extra names (args, p0, func, ...).
+                names = self._names.extend(dict(names), template.names, skip)
             return template.render(names)
         assert resolved.key_fn is not None
         try:
@@ -220,9 +223,9 @@ def distributed_lock(
             A number of seconds: a fixed lease that is never renewed; if the call outlives
             it, the call raises :class:`~lockaspect.LockLost`.
         delay_weight: In watchdog mode, the first renewal attempt is made at
-            ``delay_weight * lease`` after acquisition (default 0.9) and failed attempts are
-            retried until the lease ends. ``(1 - delay_weight) * lease`` must exceed the
-            timer tick plus 0.1 s.
+            ``delay_weight * lease`` after acquisition and failed attempts are retried until
+            the lease ends. Default: the client's (0.9 unless configured).
+            ``(1 - delay_weight) * lease`` must exceed the timer tick plus 0.1 s.
         wait: Seconds to wait for a busy lock (0, the default, tries once; ``None`` waits
             forever). Waiters wake when the holder releases, not by polling.
         on_failure: Called with a :class:`FailureContext` when the lock stays busy; its

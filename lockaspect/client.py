@@ -48,14 +48,15 @@ class LockSpec:
 
     Attributes:
         lease: Seconds of fixed lease, or ``None`` for watchdog mode.
-        delay_weight: First renewal attempt at ``delay_weight * lease``.
+        delay_weight: First renewal attempt at ``delay_weight * lease``; ``None`` takes
+            the client's default.
         wait: Seconds to wait for the lock; 0 tries once; ``None`` waits forever.
         max_hold: Stop renewing after this many seconds; the lease then ends and is lost.
         on_lost: Called once with the lease when it is lost.
     """
 
     lease: float | None = None
-    delay_weight: float = 0.9
+    delay_weight: float | None = None
     wait: float | None = 0.0
     max_hold: float | None = None
     on_lost: OnLost | None = None
@@ -65,7 +66,7 @@ class LockSpec:
         cls,
         *,
         lease: object = None,
-        delay_weight: object = 0.9,
+        delay_weight: object = None,
         wait: object = 0.0,
         max_hold: object = None,
         on_lost: object = None,
@@ -74,7 +75,7 @@ class LockSpec:
             raise TypeError(f"on_lost must be callable, got {type(on_lost).__name__}")
         return cls(
             lease=_policy.lease_seconds(lease),
-            delay_weight=_policy.check_delay_weight(delay_weight),
+            delay_weight=None if delay_weight is None else _policy.check_delay_weight(delay_weight),
             wait=_policy.wait_seconds(wait),
             max_hold=_policy.seconds(max_hold, "max_hold", allow_none=True),
             on_lost=on_lost,
@@ -96,6 +97,8 @@ class ClientStats:
     held: int
 
 
+_DEFAULT_SPEC = LockSpec()
+
 _clients: weakref.WeakSet[LockClient] = weakref.WeakSet()
 
 
@@ -110,6 +113,9 @@ class LockClient:
         watchdog_lease: Seconds of lease taken in watchdog mode (``lease=None``) and
             renewed until the call completes. Default 30, as Redisson.
         tick: Resolution of the timer wheel in seconds. Default 0.1.
+        delay_weight: Default for locks that do not set one: the first renewal attempt is
+            made at ``delay_weight * watchdog_lease``. Default 0.9. Checked here:
+            ``(1 - delay_weight) * watchdog_lease`` must exceed ``tick`` + 0.1 s.
         executor: Default executor for decorated calls: ``None``/``"inline"`` (the
             caller's thread) or a :class:`concurrent.futures.Executor`. The client does not
             shut it down.
@@ -122,6 +128,7 @@ class LockClient:
         *,
         watchdog_lease: float = 30.0,
         tick: float = 0.1,
+        delay_weight: float = 0.9,
         executor: Executor | str | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -131,7 +138,10 @@ class LockClient:
         assert tick_s is not None
         if tick_s >= lease:
             raise ConfigurationError(f"tick ({tick_s:g}s) must be shorter than watchdog_lease ({lease:g}s)")
+        weight = _policy.check_delay_weight(delay_weight)
+        _policy.check_margin(lease, weight, tick_s)
         self.backend = backend
+        self.delay_weight = weight
         self.watchdog_lease = lease
         self.tick = tick_s
         self.executor = check_executor(executor)
@@ -153,6 +163,7 @@ class LockClient:
         namespace: str = "lockaspect:",
         watchdog_lease: float = 30.0,
         tick: float = 0.1,
+        delay_weight: float = 0.9,
         executor: Executor | str | None = None,
         **redis_options: Any,
     ) -> LockClient:
@@ -164,6 +175,7 @@ class LockClient:
             namespace: Prefix of every key the client writes. Must not contain ``{``/``}``.
             watchdog_lease: See :class:`LockClient`.
             tick: See :class:`LockClient`.
+            delay_weight: See :class:`LockClient`.
             executor: See :class:`LockClient`.
             **redis_options: Passed to ``redis.Redis.from_url`` (``socket_timeout``
                 defaults to 5 s; redis-py's own command retries are switched off, because
@@ -182,7 +194,11 @@ class LockClient:
         from .backends.redis import RedisBackend
 
         backend = RedisBackend.from_url(url, namespace=namespace, **redis_options)
-        return cls(backend, watchdog_lease=watchdog_lease, tick=tick, executor=executor)
+        try:
+            return cls(backend, watchdog_lease=watchdog_lease, tick=tick, delay_weight=delay_weight, executor=executor)
+        except BaseException:
+            backend.close()
+            raise
 
     # -- public API -------------------------------------------------------------------
 
@@ -192,14 +208,15 @@ class LockClient:
         *,
         lease: float | None = None,
         wait: float | None = 0.0,
-        delay_weight: float = 0.9,
+        delay_weight: float | None = None,
         on_lost: OnLost | None = None,
         max_hold: float | None = None,
     ) -> LockBlock:
         """Lock ``key`` for a ``with`` block; the block gets the :class:`Lease`.
 
         Same engine and options as :func:`~lockaspect.distributed_lock`: ``lease=None``
-        renews the lease from the watchdog until the block exits. A nested
+        renews the lease from the watchdog until the block exits; ``delay_weight=None``
+        uses the client's. A nested
         ``client.lock`` on the same key in the same context re-enters.
 
         Raises (on entering): :class:`LockNotAcquired`, :class:`BackendError`. On exit, if
@@ -211,7 +228,12 @@ class LockClient:
             with client.lock("order:42", wait=2.0) as lease:
                 write(order, fence=lease.fencing_token)
         """
-        spec = LockSpec.create(lease=lease, delay_weight=delay_weight, wait=wait, max_hold=max_hold, on_lost=on_lost)
+        if lease is None and wait == 0.0 and delay_weight is None and on_lost is None and max_hold is None:
+            spec = _DEFAULT_SPEC
+        else:
+            spec = LockSpec.create(
+                lease=lease, delay_weight=delay_weight, wait=wait, max_hold=max_hold, on_lost=on_lost
+            )
         return LockBlock(self, check_key(key), spec)
 
     def stats(self) -> ClientStats:
@@ -274,8 +296,10 @@ class LockClient:
         if held is not None:
             return self._reenter(held)
         watchdog = spec.lease is None
+        delay_weight = self.delay_weight if spec.delay_weight is None else spec.delay_weight
         if watchdog:
-            _policy.check_margin(self.watchdog_lease, spec.delay_weight, self.tick)
+            if spec.delay_weight is not None:
+                _policy.check_margin(self.watchdog_lease, delay_weight, self.tick)
             lease_time = self.watchdog_lease
         else:
             lease_time = spec.lease  # type: ignore[assignment]
@@ -293,7 +317,7 @@ class LockClient:
             fencing_token=result.fencing_token,
             lease_time=lease_time,
             watchdog=watchdog,
-            delay_weight=spec.delay_weight,
+            delay_weight=delay_weight,
             sent_at=sent,
             max_hold=spec.max_hold,
             on_lost=spec.on_lost,

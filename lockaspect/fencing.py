@@ -43,7 +43,7 @@ class RedisFence:
 
     Example::
 
-        fence = RedisFence(client.backend.redis)
+        fence = RedisFence.for_client(client)
 
         @distributed_lock(key="ledger:<account>")
         def post(account, amount):
@@ -58,6 +58,14 @@ class RedisFence:
         self.redis = redis
         self.namespace = namespace
         self._script = LuaScript("fenced_write.lua")
+
+    @classmethod
+    def for_client(cls, client: Any, *, namespace: str = "fenced:") -> RedisFence:
+        """A fence on the same Redis as a :class:`~lockaspect.LockClient` built by ``from_url``."""
+        redis = getattr(client.backend, "redis", None)
+        if redis is None:
+            raise TypeError(f"{type(client.backend).__name__} is not a Redis backend")
+        return cls(redis, namespace=namespace)
 
     def key(self, resource: str) -> str:
         """The Redis key holding ``resource``'s value."""

@@ -152,7 +152,8 @@ class LockServer:
         if not self._persistence:
             argv += ["--save", "", "--appendonly", "no"]
         argv += self._args
-        self.process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        # A session of its own: a Ctrl-C in the terminal interrupts the tests, not their server.
+        self.process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         return self._await_ready()
 
     def _await_ready(self) -> bool:

@@ -71,8 +71,9 @@ def make_client(lock_server: LockServer, namespace: str) -> Iterator[Callable[..
 
 @pytest.fixture
 def client(make_client: Callable[..., LockClient]) -> LockClient:
-    """A client with a 1 s watchdog lease and a 20 ms tick, so watchdog tests run fast."""
-    return make_client(watchdog_lease=1.0, tick=0.02)
+    """A client with a 1 s watchdog lease, a 20 ms tick and delay_weight 0.5 (a 0.9 default
+    would leave less than the required margin on a 1 s lease), so watchdog tests run fast."""
+    return make_client(watchdog_lease=1.0, tick=0.02, delay_weight=0.5)
 
 
 @pytest.fixture
