@@ -465,7 +465,15 @@ class LockClient:
     def _release_when_done(self, lease: Lease, outcome: Outcome) -> None:
         assert outcome.future is not None
 
-        def release(_: object) -> None:
+        def release(future: Any) -> None:
+            if not future.cancelled() and future.exception() is not None:
+                # The caller has already raised LockLost (or was interrupted): this is the
+                # only place the body's own failure can still be seen.
+                release_log.warning(
+                    "the body that held %r finished after its caller stopped waiting, and raised %r",
+                    lease.key,
+                    future.exception(),
+                )
             try:
                 self._release(lease)
             except Exception:  # noqa: BLE001 # pragma: no cover - _release does not raise for the store
@@ -514,12 +522,14 @@ class LockClient:
                 lease = self._acquire(key, spec)
             except LockNotAcquired as exc:
                 return on_failure(exc)
-        held = _HELD.set((*_HELD.get(), lease))
         outcome: Outcome | None = None
+        held = None
         try:
+            held = _HELD.set((*_HELD.get(), lease))
             outcome = run_body(executor, lease, fn, args, kwargs)
         finally:
-            _HELD.reset(held)
+            if held is not None:
+                _HELD.reset(held)
             if outcome is not None and outcome.abandoned:
                 self._release_when_done(lease, outcome)
             else:

@@ -11,7 +11,7 @@ from typing import Any
 
 from . import _policy
 from .client import LockClient
-from .errors import ConfigurationError
+from .errors import ConfigurationError, KeyTemplateError
 from .executor import check_executor
 from .keys import KeyTemplate
 
@@ -182,6 +182,6 @@ def _check_options(name: str, options: dict[str, Any], source: str) -> dict[str,
                 raise TypeError(f"{hook} must be callable")
         if "executor" in options:
             check_executor(options["executor"])
-    except (ConfigurationError, TypeError) as exc:
+    except (ConfigurationError, KeyTemplateError, TypeError) as exc:
         raise ConfigurationError(f"{where}: {exc}") from exc
     return options

@@ -64,6 +64,33 @@ class Outcome:
         return self.future is not None
 
 
+class _Handoff:
+    """The body as submitted to an executor: it runs in the caller's copied context and
+    completes a future of our own, so the caller can cancel it or wait for it even when
+    ``submit`` never returned the executor's future (an interrupt inside ``submit``)."""
+
+    __slots__ = ("args", "context", "fn", "future", "kwargs")
+
+    def __init__(
+        self, context: contextvars.Context, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
+        self.context = context
+        self.fn = fn
+        self.args = args
+        self.kwargs = kwargs
+        self.future: Future[Any] = Future()
+
+    def __call__(self) -> None:
+        if not self.future.set_running_or_notify_cancel():
+            return  # cancelled by the caller before it started
+        try:
+            result = self.context.run(self.fn, *self.args, **self.kwargs)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller through the future
+            self.future.set_exception(exc)
+        else:
+            self.future.set_result(result)
+
+
 def run_body(
     executor: Executor | None,
     lease: Lease,
@@ -81,16 +108,20 @@ def run_body(
             return Outcome(result=fn(*args, **kwargs))
         except Exception as exc:  # noqa: BLE001 - the caller re-raises it after releasing
             return Outcome(exception=exc)
-    context = contextvars.copy_context()
-    future = executor.submit(context.run, fn, *args, **kwargs)
+    handoff = _Handoff(contextvars.copy_context(), fn, args, kwargs)
+    future = handoff.future
     done = threading.Event()
     future.add_done_callback(lambda _: done.set())
     lease._add_lost_waiter(done.set)
     try:
+        # Inside the try: an interrupt can land in submit() after the body was queued
+        # (ThreadPoolExecutor starts its worker thread after queueing), and the body must
+        # then still not run without the lock.
+        executor.submit(handoff)
         done.wait()
     except BaseException as exc:
         if future.cancel():
-            raise  # never started: the caller releases as usual
+            raise  # never started (and now never will): the caller releases as usual
         # Interrupted while the body runs: the caller stops waiting, the body does not,
         # and the lock must stay held until it finishes.
         return Outcome(future=future, interrupt=exc)
