@@ -217,7 +217,7 @@ class Watchdog:
             stats.renewal_failures += len(leases)
             log.debug("renewal round trip for %d lease(s) failed: %s", len(leases), exc)
             statuses = None
-        lost: list[Lease] = []
+        lost: list[tuple[Lease, str]] = []
         try:
             with self._cond:
                 now = self._clock()
@@ -227,6 +227,16 @@ class Watchdog:
                         continue  # cancelled while in flight; the canceller is waiting
                     if statuses is None:
                         self._retry(lease, now)
+                    elif now >= lease._expires_at:
+                        # The reply came after the lease end, before the deadline timeout
+                        # fired: ``lease.lost`` may already have said True (reason
+                        # "expired"), so a late success must not revive the lease and a
+                        # late "not ours" must not change the reason.
+                        hold_deadline = lease._hold_deadline
+                        late = hold_deadline is not None and now >= hold_deadline - 1e-6
+                        lease._wd_state = CLOSED
+                        self._cancel_timeouts(lease)
+                        lost.append((lease, "max-hold" if late else "expired"))
                     elif statuses[i]:
                         stats.renewals += 1
                         lease._attempt = 0
@@ -240,12 +250,12 @@ class Watchdog:
                     else:
                         lease._wd_state = CLOSED
                         self._cancel_timeouts(lease)
-                        lost.append(lease)
+                        lost.append((lease, "not-owner"))
         finally:
             batch.done.set()
-        for lease in lost:
-            if lease._mark_lost("not-owner"):
-                self._lost(lease, "not-owner")
+        for lease, reason in lost:
+            if lease._mark_lost(reason):
+                self._lost(lease, reason)
 
     def _retry(self, lease: Lease, now: float) -> None:
         lease._attempt += 1

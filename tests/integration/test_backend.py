@@ -1,0 +1,446 @@
+"""The Lua contract of ``RedisBackend`` against real servers (valkey, and Debian's
+redis-server when installed): fencing, re-entry, release codes, batched renewal, NOSCRIPT
+recovery, the cluster hash tag, release messages, and a server that dies or hangs."""
+
+from __future__ import annotations
+
+import math
+import secrets
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+import redis.connection
+
+from lockaspect import BackendError, LockClient
+from lockaspect.backends.base import ReleaseResult
+from lockaspect.backends.redis import RENEW_CHUNK, RedisBackend
+from lockaspect.testing import LockServer
+
+#: Seconds; long enough that nothing expires during a test unless the test wants it to.
+LONG = 60.0
+
+
+def token() -> str:
+    return secrets.token_hex(16)
+
+
+def evalsha_calls(raw: Any) -> int:
+    """How many EVALSHA commands the server has executed (``INFO commandstats``)."""
+    stats = raw.info("commandstats").get("cmdstat_evalsha")
+    return int(stats["calls"]) if stats else 0
+
+
+def script_loaded(raw: Any, sha: str) -> bool:
+    return bool(raw.script_exists(sha)[0])
+
+
+def crc16_xmodem(data: bytes) -> int:
+    """CRC16-CCITT (XMODEM): polynomial 0x1021, initial value 0, as Redis Cluster uses."""
+    crc = 0
+    for byte in data:
+        crc ^= byte << 8
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else crc << 1
+            crc &= 0xFFFF
+    return crc
+
+
+def hash_tag(key: str) -> str:
+    """The part of ``key`` Redis Cluster hashes: the first non-empty ``{...}``, else all."""
+    start = key.find("{")
+    if start != -1:
+        end = key.find("}", start + 1)
+        if end > start + 1:
+            return key[start + 1 : end]
+    return key
+
+
+def key_slot(key: str) -> int:
+    return crc16_xmodem(hash_tag(key).encode()) % 16384
+
+
+@pytest.fixture
+def backend(any_server: LockServer, namespace: str) -> Iterator[RedisBackend]:
+    """A backend on each installed server kind, in the test's own namespace."""
+    backend = RedisBackend.from_url(any_server.url, namespace=namespace)
+    yield backend
+    backend.close()
+
+
+@pytest.fixture
+def server_raw(any_server: LockServer) -> Iterator[Any]:
+    """A plain redis-py client on the same server as ``backend``."""
+    client = any_server.redis()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def expirations(server_raw: Any) -> Iterator[Any]:
+    """A pub/sub connection subscribed to the server's key-expiry events."""
+    previous = server_raw.config_get("notify-keyspace-events")["notify-keyspace-events"]
+    server_raw.config_set("notify-keyspace-events", "Ex")
+    pubsub = server_raw.pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe("__keyevent@0__:expired")
+    try:
+        yield pubsub
+    finally:
+        pubsub.close()
+        server_raw.config_set("notify-keyspace-events", previous)
+
+
+def await_message(pubsub: Any, timeout: float = 10.0) -> bytes:
+    """The next published payload on ``pubsub``, waiting up to ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while (remaining := deadline - time.monotonic()) > 0:
+        message = pubsub.get_message(timeout=remaining)
+        if message is not None and message["type"] == "message":
+            return bytes(message["data"])
+    raise AssertionError(f"no message arrived within {timeout}s")
+
+
+class TestAcquire:
+    def test_successive_first_acquisitions_get_fences_one_two_three(self, backend: RedisBackend) -> None:
+        """Each first acquisition of a key gets the next fencing token: 1, 2, 3."""
+        fences = []
+        for _ in range(3):
+            owner = token()
+            result = backend.acquire("order:1", owner, LONG)
+            assert result.acquired
+            assert result.holds == 1
+            fences.append(result.fencing_token)
+            assert backend.release("order:1", owner) is ReleaseResult.RELEASED
+        assert fences == [1, 2, 3]
+
+    def test_fence_keeps_growing_after_the_lock_expired(
+        self, backend: RedisBackend, server_raw: Any, expirations: Any
+    ) -> None:
+        """A lock that expired (was never released) does not reset its key's fence counter."""
+        first = backend.acquire("order:2", token(), 0.001)
+        assert first.acquired
+        assert await_message(expirations) == backend.lock_key("order:2").encode()
+        assert not server_raw.exists(backend.lock_key("order:2"))
+
+        second = backend.acquire("order:2", token(), LONG)
+        assert second.acquired
+        assert second.fencing_token > first.fencing_token
+        assert (first.fencing_token, second.fencing_token) == (1, 2)
+
+    def test_reentry_adds_a_hold_and_keeps_fence_and_lease(self, backend: RedisBackend, server_raw: Any) -> None:
+        """Re-entry with the owner's token adds a hold, issues no new fence and leaves the TTL alone."""
+        owner = token()
+        lock = backend.lock_key("order:3")
+        assert backend.acquire("order:3", owner, LONG).fencing_token == 1
+        server_raw.pexpire(lock, 5_000)
+
+        again = backend.reenter("order:3", owner)
+        assert again.acquired
+        assert again.holds == 2
+        assert backend.reenter("order:3", owner).holds == 3
+
+        assert server_raw.hget(lock, owner) == b"3"
+        assert server_raw.hget(lock, "fence") == b"1"
+        assert server_raw.get(backend.fence_key("order:3")) == b"1"
+        assert 0 < server_raw.pttl(lock) <= 5_000
+
+    def test_reentry_never_takes_a_foreign_or_free_lock(self, backend: RedisBackend, server_raw: Any) -> None:
+        """Re-entry with a token that holds nothing fails and writes nothing."""
+        holder = token()
+        backend.acquire("order:4", holder, LONG)
+        foreign = backend.reenter("order:4", token())
+        assert not foreign.acquired
+        assert server_raw.hgetall(backend.lock_key("order:4")) == {holder.encode(): b"1", b"fence": b"1"}
+
+        free = backend.reenter("order:5", token())
+        assert not free.acquired
+        assert not server_raw.exists(backend.lock_key("order:5"), backend.fence_key("order:5"))
+
+    def test_repeated_first_acquire_with_the_same_token_adds_no_hold(
+        self, backend: RedisBackend, server_raw: Any
+    ) -> None:
+        """A retried first acquisition is answered again with the same fence and one hold."""
+        owner = token()
+        first = backend.acquire("order:6", owner, LONG)
+        retry = backend.acquire("order:6", owner, LONG)
+        assert retry.acquired
+        assert (first.fencing_token, retry.fencing_token) == (1, 1)
+        assert retry.holds == 1
+        assert server_raw.hget(backend.lock_key("order:6"), owner) == b"1"
+        assert server_raw.get(backend.fence_key("order:6")) == b"1"
+        assert backend.release("order:6", owner) is ReleaseResult.RELEASED
+
+    def test_busy_lock_returns_the_holders_pttl(self, backend: RedisBackend, server_raw: Any) -> None:
+        """A busy lock is not taken, costs no fence, and reports the holder's remaining lease."""
+        holder = token()
+        backend.acquire("order:7", holder, 10.0)
+        busy = backend.acquire("order:7", token(), LONG)
+        assert not busy.acquired
+        assert busy.fencing_token == 0
+        assert busy.holder_ttl is not None
+        assert 0 < busy.holder_ttl <= 10.0
+        assert server_raw.get(backend.fence_key("order:7")) == b"1"
+        assert server_raw.hkeys(backend.lock_key("order:7")) == [holder.encode(), b"fence"]
+
+    def test_busy_lock_without_expiry_reports_no_ttl(self, backend: RedisBackend, server_raw: Any) -> None:
+        """A lock whose TTL was removed by hand is busy with an unknown holder TTL."""
+        backend.acquire("order:8", token(), 10.0)
+        server_raw.persist(backend.lock_key("order:8"))
+        busy = backend.acquire("order:8", token(), LONG)
+        assert not busy.acquired
+        assert busy.holder_ttl is None
+
+
+class TestRelease:
+    def test_release_codes(self, backend: RedisBackend, server_raw: Any) -> None:
+        """Release answers STILL_HELD while holds remain, RELEASED at zero, NOT_OWNER after."""
+        owner = token()
+        backend.acquire("order:10", owner, LONG)
+        backend.reenter("order:10", owner)
+        assert backend.release("order:10", owner) is ReleaseResult.STILL_HELD
+        assert server_raw.hget(backend.lock_key("order:10"), owner) == b"1"
+        assert backend.release("order:10", owner) is ReleaseResult.RELEASED
+        assert not server_raw.exists(backend.lock_key("order:10"))
+        assert server_raw.get(backend.fence_key("order:10")) == b"1"
+        assert backend.release("order:10", owner) is ReleaseResult.NOT_OWNER
+
+    def test_foreign_token_can_neither_release_nor_renew(self, backend: RedisBackend, server_raw: Any) -> None:
+        """A token that does not own the lock cannot release or extend it; the owner's lock is untouched."""
+        owner, thief = token(), token()
+        lock = backend.lock_key("order:11")
+        backend.acquire("order:11", owner, 10.0)
+        before = server_raw.hgetall(lock)
+
+        assert backend.release("order:11", thief) is ReleaseResult.NOT_OWNER
+        assert backend.renew([("order:11", thief, 1000.0)]) == [False]
+
+        assert server_raw.hgetall(lock) == before
+        assert 0 < server_raw.pttl(lock) <= 10_000
+        assert backend.release("order:11", owner) is ReleaseResult.RELEASED
+
+    def test_final_release_publishes_once_on_the_lock_channel(self, backend: RedisBackend, server_raw: Any) -> None:
+        """Only the release that frees the lock publishes a wake-up message on its channel."""
+        owner = token()
+        channel = backend.channel("order:12")
+        pubsub = server_raw.pubsub(ignore_subscribe_messages=True)
+        try:
+            pubsub.subscribe(channel)
+            backend.acquire("order:12", owner, LONG)
+            backend.reenter("order:12", owner)
+            assert backend.release("order:12", owner) is ReleaseResult.STILL_HELD
+            # Messages on one channel arrive in publish order: had the partial release
+            # published, its message would come before this marker.
+            server_raw.publish(channel, "marker")
+            assert backend.release("order:12", owner) is ReleaseResult.RELEASED
+            assert await_message(pubsub) == b"marker"
+            assert await_message(pubsub) == b"released"
+        finally:
+            pubsub.close()
+
+
+class TestRenew:
+    def test_batch_answers_one_status_per_key(self, backend: RedisBackend, server_raw: Any) -> None:
+        """One renew call over owned, foreign and missing keys (more than a chunk) answers each correctly."""
+        n = 2 * RENEW_CHUNK + 88
+        mine, theirs = token(), token()
+        requests = []
+        expected = []
+        for i in range(n):
+            key = f"batch:{i}"
+            kind = i % 3
+            if kind == 0:  # ours, about to be extended
+                backend.acquire(key, mine, 5.0)
+            elif kind == 1:  # someone else's
+                backend.acquire(key, theirs, 5.0)
+            requests.append((key, mine, 100.0))
+            expected.append(kind == 0)
+
+        assert backend.renew(requests) == expected
+
+        pipe = server_raw.pipeline(transaction=False)
+        for key, _, _ in requests:
+            pipe.pttl(backend.lock_key(key))
+        ttls = pipe.execute()
+        for i, ttl in enumerate(ttls):
+            if i % 3 == 0:
+                assert ttl > 5_000, f"batch:{i} was not extended"
+            elif i % 3 == 1:
+                assert 0 < ttl <= 5_000, f"batch:{i} (foreign) was extended"
+            else:
+                assert ttl == -2, f"batch:{i} (missing) was created"
+
+    def test_batch_is_one_round_trip_of_chunked_evalsha(
+        self, backend: RedisBackend, server_raw: Any, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A renew of n keys sends ceil(n / 256) EVALSHA in a single write to the server."""
+        n = 2 * RENEW_CHUNK + 1
+        owner = token()
+        requests = [(f"rt:{i}", owner, 10.0) for i in range(n)]
+        for key, _, _ in requests:
+            backend.acquire(key, owner, 10.0)
+        backend.renew(requests[:1])  # the script is loaded: no NOSCRIPT retry below
+
+        writes = []
+        original = redis.connection.AbstractConnection.send_packed_command
+
+        def counting(self: Any, command: Any, check_health: bool = True) -> None:
+            writes.append(command)
+            original(self, command, check_health)
+
+        before = evalsha_calls(server_raw)
+        monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", counting)
+        statuses = backend.renew(requests)
+        monkeypatch.undo()
+        after = evalsha_calls(server_raw)
+
+        assert statuses == [True] * n
+        assert after - before == math.ceil(n / RENEW_CHUNK) == 3
+        assert len(writes) == 1
+
+    def test_empty_batch_sends_nothing(self, backend: RedisBackend, server_raw: Any) -> None:
+        """Renewing no leases is answered locally without a round trip."""
+        before = int(server_raw.info("stats")["total_commands_processed"])
+        assert backend.renew([]) == []
+        after = int(server_raw.info("stats")["total_commands_processed"])
+        assert after - before == 1  # our own second INFO
+
+
+class TestNoScript:
+    def test_acquire_recovers_after_script_flush(self, backend: RedisBackend, server_raw: Any) -> None:
+        """Acquire reloads its script when the server forgot it."""
+        backend.acquire("ns:warm", token(), LONG)
+        server_raw.script_flush()
+        assert not script_loaded(server_raw, backend._acquire.sha)
+        result = backend.acquire("ns:1", token(), LONG)
+        assert (result.acquired, result.fencing_token) == (True, 1)
+        assert script_loaded(server_raw, backend._acquire.sha)
+
+    def test_release_recovers_after_script_flush(self, backend: RedisBackend, server_raw: Any) -> None:
+        """Release reloads its script when the server forgot it."""
+        owner = token()
+        backend.acquire("ns:2", owner, LONG)
+        server_raw.script_flush()
+        assert backend.release("ns:2", owner) is ReleaseResult.RELEASED
+        assert not server_raw.exists(backend.lock_key("ns:2"))
+        assert script_loaded(server_raw, backend._release.sha)
+
+    def test_renew_recovers_after_script_flush(self, backend: RedisBackend, server_raw: Any) -> None:
+        """A chunked renew reloads its script when the server forgot it and renews every key."""
+        owner = token()
+        requests = [(f"ns:r{i}", owner, 100.0) for i in range(RENEW_CHUNK + 44)]
+        for key, _, _ in requests:
+            backend.acquire(key, owner, 5.0)
+        server_raw.script_flush()
+        assert backend.renew(requests) == [True] * len(requests)
+        assert server_raw.pttl(backend.lock_key("ns:r0")) > 5_000
+        assert server_raw.pttl(backend.lock_key(f"ns:r{RENEW_CHUNK + 43}")) > 5_000
+        assert script_loaded(server_raw, backend._renew.sha)
+
+
+class TestKeyLayout:
+    def test_slot_helper_matches_redis_cluster(self) -> None:
+        """The test's CRC16 slot function gives the values the Redis Cluster spec documents."""
+        assert crc16_xmodem(b"123456789") == 0x31C3
+        assert key_slot("{user1000}.following") == key_slot("{user1000}.followers")
+        assert key_slot("foo{}{bar}") == crc16_xmodem(b"foo{}{bar}") % 16384
+
+    @pytest.mark.parametrize("key", ["order:42", "a", "tenant:acme:order:%7B1%7D", "x" * 200])
+    def test_lock_fence_and_channel_share_one_slot(self, backend: RedisBackend, server_raw: Any, key: str) -> None:
+        """The lock key, the fence counter and the release channel hash to one cluster slot."""
+        names = [backend.lock_key(key), backend.fence_key(key), backend.channel(key)]
+        assert [hash_tag(name) for name in names] == [key] * 3
+        assert len({key_slot(name) for name in names}) == 1
+
+        owner = token()
+        backend.acquire(key, owner, LONG)
+        written = {name.decode() for name in server_raw.scan_iter(match=f"{backend.namespace}*")}
+        assert written == {backend.lock_key(key), backend.fence_key(key)}
+        backend.release(key, owner)
+
+
+def _operations(backend: RedisBackend) -> list[tuple[str, Callable[[], object]]]:
+    owner = token()
+    return [
+        ("acquire", lambda: backend.acquire("down:1", owner, LONG)),
+        ("release", lambda: backend.release("down:1", owner)),
+        ("renew", lambda: backend.renew([("down:1", owner, LONG), ("down:2", owner, LONG)])),
+    ]
+
+
+class TestServerFailure:
+    @pytest.mark.timeout(30)
+    def test_killed_server_raises_backend_error_chained_to_the_driver(
+        self, fresh_server: LockServer, namespace: str
+    ) -> None:
+        """With the server gone, acquire, release and renew raise BackendError from the redis error."""
+        backend = RedisBackend.from_url(fresh_server.url, namespace=namespace)
+        try:
+            assert backend.acquire("up", token(), LONG).acquired  # a pooled, connected socket
+            fresh_server.kill()
+            for name, operation in _operations(backend):
+                with pytest.raises(BackendError) as exc_info:
+                    operation()
+                assert isinstance(exc_info.value.__cause__, redis.exceptions.ConnectionError), name
+                assert exc_info.value.key == ("down:1" if name != "renew" else None), name
+        finally:
+            backend.close()
+
+    @pytest.mark.slow
+    @pytest.mark.timeout(30)
+    def test_paused_server_raises_backend_error_after_the_socket_timeout(
+        self, fresh_server: LockServer, namespace: str
+    ) -> None:
+        """With the server stopped (SIGSTOP), every operation gives up with BackendError after the socket timeout."""
+        backend = RedisBackend.from_url(fresh_server.url, namespace=namespace, socket_timeout=0.5)
+        try:
+            assert backend.acquire("up", token(), LONG).acquired
+            fresh_server.pause()
+            try:
+                for name, operation in _operations(backend):
+                    with pytest.raises(BackendError) as exc_info:
+                        operation()
+                    assert isinstance(exc_info.value.__cause__, redis.exceptions.TimeoutError), name
+            finally:
+                fresh_server.resume()
+            result = backend.acquire("after-resume", token(), LONG)
+            assert (result.acquired, result.fencing_token) == (True, 1)
+        finally:
+            backend.close()
+
+    @pytest.mark.timeout(30)
+    def test_backend_works_again_after_the_server_restarts(self, fresh_server: LockServer, namespace: str) -> None:
+        """After a kill and restart on the same port, the same backend acquires, renews and releases again."""
+        backend = RedisBackend.from_url(fresh_server.url, namespace=namespace)
+        try:
+            backend.acquire("up", token(), LONG)
+            fresh_server.kill()
+            with pytest.raises(BackendError):
+                backend.acquire("again", token(), LONG)
+            fresh_server.restart()
+
+            owner = token()
+            result = backend.acquire("again", owner, LONG)
+            assert result.acquired
+            assert backend.renew([("again", owner, LONG)]) == [True]
+            assert backend.release("again", owner) is ReleaseResult.RELEASED
+        finally:
+            backend.close()
+
+    @pytest.mark.timeout(30)
+    def test_lock_client_works_again_after_the_server_restarts(self, fresh_server: LockServer, namespace: str) -> None:
+        """A LockClient whose server was killed raises BackendError, then locks normally once it is back."""
+        with LockClient.from_url(fresh_server.url, namespace=namespace) as client:
+            with client.lock("job"):
+                pass
+            fresh_server.kill()
+            with pytest.raises(BackendError) as exc_info, client.lock("job"):
+                pass
+            assert isinstance(exc_info.value.__cause__, redis.exceptions.ConnectionError)
+            fresh_server.restart()
+
+            with client.lock("job") as lease:
+                assert not lease.lost
+            stats = client.stats()
+            assert (stats.acquired, stats.released, stats.held) == (2, 2, 0)
