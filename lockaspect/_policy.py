@@ -94,6 +94,29 @@ def check_margin(lease: float, delay_weight: float, tick: float) -> None:
         )
 
 
+#: The default delay_weight, from the original aspect design (Redisson renews at 1/3).
+DEFAULT_DELAY_WEIGHT: Final = 0.9
+
+
+def default_delay_weight(lease: float, tick: float) -> float:
+    """The delay_weight a client uses when none is given: 0.9, or for a lease too short to
+    leave the required margin after 0.9, the weight that leaves twice that margin.
+
+    Raises :class:`ConfigurationError` when the lease cannot leave even that.
+    """
+    needed = tick + MIN_SAFETY_MARGIN
+    if (1.0 - DEFAULT_DELAY_WEIGHT) * lease > needed:
+        return DEFAULT_DELAY_WEIGHT
+    weight = 1.0 - 2.0 * needed / lease
+    if weight <= 0.0:
+        raise ConfigurationError(
+            f"watchdog_lease {lease:g}s is too short: a renewal must leave more than tick {tick:g}s + "
+            f"safety margin {MIN_SAFETY_MARGIN:g}s = {needed:.3f}s before the lease ends; use a lease "
+            f"above {2 * needed:.3f}s"
+        )
+    return weight
+
+
 def first_renewal_at(renewed_at: float, lease: float, delay_weight: float) -> float:
     """When to attempt the next renewal, counted from the last successful (re)newal."""
     return renewed_at + delay_weight * lease

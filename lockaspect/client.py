@@ -23,7 +23,7 @@ from .backends.base import AcquireResult, Backend, Capability, ReleaseResult, Su
 from .errors import _NO_RESULT, BackendError, ConfigurationError, LockLost, LockNotAcquired
 from .executor import Outcome, check_executor, run_body
 from .keys import check_key
-from .lease import _HELD, Lease, _find_held
+from .lease import _HELD, Lease, _find_held, _push
 from .timer import HashedWheelTimer
 from .watchdog import Watchdog
 
@@ -99,6 +99,60 @@ class ClientStats:
 
 _DEFAULT_SPEC = LockSpec()
 
+
+def _run_hook(lease: Lease) -> None:
+    hook = lease._on_lost
+    if hook is not None:
+        try:
+            hook(lease)
+        except Exception:  # noqa: BLE001 - a user hook must not break lockaspect
+            lost_log.exception("on_lost hook for %r raised", lease.key)
+
+
+class _HookRunner:
+    """Runs ``on_lost`` hooks for leases the timer or watchdog gave up.
+
+    On a thread of their own, started on the first loss: a slow hook must neither delay
+    the detection of other losses (timer) nor renewals (watchdog), and a hung renewal round
+    trip must not delay a hook.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._queue: list[Lease] = []
+        self.thread: threading.Thread | None = None
+        self._stopping = False
+
+    def submit(self, lease: Lease) -> None:
+        with self._cond:
+            if self._stopping:
+                return
+            self._queue.append(lease)
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._run, name="lockaspect-hooks", daemon=True)
+                self.thread.start()
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._stopping:
+                    self._cond.wait()
+                if self._stopping:
+                    return
+                leases, self._queue = self._queue, []
+            for lease in leases:
+                _run_hook(lease)
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        thread = self.thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5.0)
+
+
 _clients: weakref.WeakSet[LockClient] = weakref.WeakSet()
 
 
@@ -114,7 +168,9 @@ class LockClient:
             renewed until the call completes. Default 30, as Redisson.
         tick: Resolution of the timer wheel in seconds. Default 0.1.
         delay_weight: Default for locks that do not set one: the first renewal attempt is
-            made at ``delay_weight * watchdog_lease``. Default 0.9. Checked here:
+            made at ``delay_weight * watchdog_lease``. ``None`` (default): 0.9, or for a
+            watchdog lease too short for 0.9 (under about 2 s) the weight that leaves twice
+            the required margin. A given value is checked here:
             ``(1 - delay_weight) * watchdog_lease`` must exceed ``tick`` + 0.1 s.
         executor: Default executor for decorated calls: ``None``/``"inline"`` (the
             caller's thread) or a :class:`concurrent.futures.Executor`. The client does not
@@ -128,7 +184,7 @@ class LockClient:
         *,
         watchdog_lease: float = 30.0,
         tick: float = 0.1,
-        delay_weight: float = 0.9,
+        delay_weight: float | None = None,
         executor: Executor | str | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -138,8 +194,11 @@ class LockClient:
         assert tick_s is not None
         if tick_s >= lease:
             raise ConfigurationError(f"tick ({tick_s:g}s) must be shorter than watchdog_lease ({lease:g}s)")
-        weight = _policy.check_delay_weight(delay_weight)
-        _policy.check_margin(lease, weight, tick_s)
+        if delay_weight is None:
+            weight = _policy.default_delay_weight(lease, tick_s)
+        else:
+            weight = _policy.check_delay_weight(delay_weight)
+            _policy.check_margin(lease, weight, tick_s)
         self.backend = backend
         self.delay_weight = weight
         self.watchdog_lease = lease
@@ -148,11 +207,16 @@ class LockClient:
         self._clock = clock
         self._timer = HashedWheelTimer(tick_s, clock=clock)
         self._watchdog = Watchdog(backend, self._timer, self._watchdog_lost, clock=clock)
+        self._hooks = _HookRunner()
         self._notify = bool(backend.capabilities & Capability.RELEASE_NOTIFY)
         self._closed = False
         self._count_lock = threading.Lock()
-        self._counts = {"acquired": 0, "reentered": 0, "not_acquired": 0, "released": 0, "lost": 0}
+        self._counts = dict.fromkeys(("acquired", "reentered", "not_acquired", "released", "lost"), 0)
         self._held = 0
+        # key -> leases of this client on it in this process (any context), for _acquire's
+        # fast path: a key nobody here holds cannot be a re-entry.
+        self._held_keys: dict[str, int] = {}
+        self._epoch = 0  # bumped in a forked child: its inherited leases are the parent's
         _clients.add(self)
 
     @classmethod
@@ -163,7 +227,7 @@ class LockClient:
         namespace: str = "lockaspect:",
         watchdog_lease: float = 30.0,
         tick: float = 0.1,
-        delay_weight: float = 0.9,
+        delay_weight: float | None = None,
         executor: Executor | str | None = None,
         **redis_options: Any,
     ) -> LockClient:
@@ -264,6 +328,7 @@ class LockClient:
         self._closed = True
         self._timer.stop()
         self._watchdog.stop()
+        self._hooks.stop()
         self.backend.close()
         _clients.discard(self)
 
@@ -273,7 +338,7 @@ class LockClient:
 
     def threads(self) -> list[threading.Thread]:
         """The library threads this client has started (for diagnostics)."""
-        threads = [self._timer.thread, self._watchdog.thread]
+        threads = [self._timer.thread, self._watchdog.thread, self._hooks.thread]
         return [t for t in threads if t is not None and t.is_alive()]
 
     def __enter__(self) -> LockClient:
@@ -292,7 +357,9 @@ class LockClient:
         """Re-enter a lease this context holds on ``key``, or take the lock."""
         if self._closed:
             raise ConfigurationError("this LockClient is closed", key=key)
-        held = _find_held(self, key)
+        # Walk this context's held leases only if this client holds the key at all, so
+        # taking many distinct locks in one context stays O(1) per lock.
+        held = _find_held(self, key) if key in self._held_keys else None
         if held is not None:
             return self._reenter(held)
         watchdog = spec.lease is None
@@ -333,6 +400,8 @@ class LockClient:
         with self._count_lock:
             self._counts["acquired"] += 1
             self._held += 1
+            held_keys = self._held_keys
+            held_keys[key] = held_keys.get(key, 0) + 1
         return lease
 
     def _try(self, key: str, token: str, lease_time: float) -> AcquireResult:
@@ -438,6 +507,12 @@ class LockClient:
             self._watchdog.cancel(lease)
             with self._count_lock:
                 self._held -= 1
+                held_keys = self._held_keys
+                left = held_keys.get(lease.key, 0) - 1
+                if left > 0:
+                    held_keys[lease.key] = left
+                else:
+                    held_keys.pop(lease.key, None)
             if lease._lost_reason is None and self._clock() >= lease._expires_at:
                 self._lost_here(lease, "expired")
         if lease._lost_reason == "not-owner":
@@ -482,10 +557,18 @@ class LockClient:
         outcome.future.add_done_callback(release)
 
     def _lost_here(self, lease: Lease, reason: str) -> None:
+        """The caller's thread learned of the loss (release, re-entry): hook runs here."""
         if lease._mark_lost(reason):
-            self._watchdog_lost(lease, reason)
+            self._report_lost(lease, reason)
+            _run_hook(lease)
 
     def _watchdog_lost(self, lease: Lease, reason: str) -> None:
+        """Report a lease the timer or watchdog gave up; the hook runs on the hook thread."""
+        self._report_lost(lease, reason)
+        if lease._on_lost is not None:
+            self._hooks.submit(lease)
+
+    def _report_lost(self, lease: Lease, reason: str) -> None:
         with self._count_lock:
             self._counts["lost"] += 1
         lost_log.warning(
@@ -494,12 +577,6 @@ class LockClient:
             reason,
             lease.fencing_token,
         )
-        hook = lease._on_lost
-        if hook is not None:
-            try:
-                hook(lease)
-            except Exception:  # noqa: BLE001 - a user hook must not break the watchdog
-                lost_log.exception("on_lost hook for %r raised", lease.key)
 
     def _run(
         self,
@@ -525,7 +602,7 @@ class LockClient:
         outcome: Outcome | None = None
         held = None
         try:
-            held = _HELD.set((*_HELD.get(), lease))
+            held = _push(lease)
             outcome = run_body(executor, lease, fn, args, kwargs)
         finally:
             if held is not None:
@@ -565,11 +642,16 @@ class LockClient:
     def _reset_after_fork(self) -> None:
         self._timer._reset_after_fork()
         self._watchdog._reset_after_fork()
+        self._hooks = _HookRunner()
         reset = getattr(self.backend, "_reset_after_fork", None)
         if reset is not None:
             reset()
         self._count_lock = threading.Lock()
+        self._counts = dict.fromkeys(self._counts, 0)
         self._held = 0
+        self._held_keys = {}
+        self._epoch += 1
+        self._watchdog.stats = type(self._watchdog.stats)()
 
 
 class LockBlock:
@@ -589,7 +671,7 @@ class LockBlock:
             raise RuntimeError("this lock block is already entered; call client.lock() again")
         lease = self._client._acquire(self._key, self._spec)
         self._lease = lease
-        self._token = _HELD.set((*_HELD.get(), lease))
+        self._token = _push(lease)
         return lease
 
     def __exit__(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from typing import TYPE_CHECKING, Any
 
 from .errors import LockLost
@@ -21,9 +21,22 @@ if TYPE_CHECKING:
 
 __all__ = ["Lease", "current_lease"]
 
-# Innermost last. A tuple so that a copied context (executor, task) can never see a later
-# push or pop of its parent.
-_HELD: ContextVar[tuple[Lease, ...]] = ContextVar("lockaspect_held", default=())
+
+class _Held:
+    """One frame of the held-lease stack: an immutable linked list, so that a copied
+    context (executor, task) never sees a later push or pop of its parent, and a push costs
+    O(1) memory (a tuple per push would keep every shorter tuple alive through the
+    ContextVar tokens: quadratic in the nesting depth)."""
+
+    __slots__ = ("lease", "parent")
+
+    def __init__(self, lease: Lease, parent: _Held | None) -> None:
+        self.lease = lease
+        self.parent = parent
+
+
+# The innermost held lease, linked to the ones around it.
+_HELD: ContextVar[_Held | None] = ContextVar("lockaspect_held", default=None)
 
 # One lock for all leases' small bookkeeping (hold counts, the lost flag): the critical
 # sections are a few bytecodes, and a lock per lease would cost memory per held lock.
@@ -57,6 +70,7 @@ class Lease:
         "_client",
         "_deadline",
         "_delay_weight",
+        "_epoch",
         "_expires_at",
         "_hold_deadline",
         "_holds",
@@ -95,6 +109,9 @@ class Lease:
         self.lease_time = lease_time
         self.watchdog = watchdog
         self._client = client
+        # A forked child inherits its parent's contexts; leases from before the fork belong
+        # to the parent and must never be re-entered by the child (see _find_held).
+        self._epoch = client._epoch
         self._delay_weight = delay_weight
         # Local, conservative estimate: the store started the lease after it received the
         # request, which was after ``sent_at``.
@@ -116,7 +133,7 @@ class Lease:
         """``True`` once the lease is known to be gone, or its local deadline has passed."""
         if self._lost_reason is not None:
             return True
-        return time.monotonic() >= self._expires_at and self._holds > 0
+        return self._client._clock() >= self._expires_at and self._holds > 0
 
     @property
     def lost_reason(self) -> str | None:
@@ -128,7 +145,7 @@ class Lease:
     @property
     def expires_in(self) -> float:
         """Seconds until the lease ends unless renewed (negative once past)."""
-        return self._expires_at - time.monotonic()
+        return float(self._expires_at - self._client._clock())
 
     def check(self) -> None:
         """Raise :class:`~lockaspect.LockLost` if the lease is lost; a cheap local check.
@@ -185,11 +202,18 @@ def current_lease() -> Lease | None:
     with it. Threads you start yourself begin with an empty context and see ``None``.
     """
     held = _HELD.get()
-    return held[-1] if held else None
+    return None if held is None else held.lease
 
 
-def _find_held(client: object, key: str) -> Lease | None:
-    for lease in reversed(_HELD.get()):
-        if lease._client is client and lease.key == key:
+def _push(lease: Lease) -> Token[_Held | None]:
+    return _HELD.set(_Held(lease, _HELD.get()))
+
+
+def _find_held(client: Any, key: str) -> Lease | None:
+    held = _HELD.get()
+    while held is not None:
+        lease = held.lease
+        if lease._client is client and lease.key == key and lease._epoch == client._epoch:
             return lease
+        held = held.parent
     return None

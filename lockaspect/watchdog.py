@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -83,7 +82,6 @@ class Watchdog:
         self._clock = clock
         self._cond = threading.Condition(threading.Lock())
         self._due: list[Lease] = []
-        self._expired: deque[tuple[Lease, str]] = deque()
         self._thread: threading.Thread | None = None
         self._stopping = False
         self.stats = WatchdogStats()
@@ -111,7 +109,9 @@ class Watchdog:
             state = lease._wd_state
             lease._wd_state = CLOSED
             self._cancel_timeouts(lease)
-            batch = lease._batch if state == IN_FLIGHT else None
+            # Waiting keeps a renewal from landing after the release. A lost lease is not
+            # ours to protect any more, and its round trip may be the one that hangs.
+            batch = lease._batch if state == IN_FLIGHT and lease._lost_reason is None else None
         if batch is not None and threading.current_thread() is not self._thread:
             batch.done.wait()
 
@@ -148,6 +148,14 @@ class Watchdog:
         with self._cond:
             if lease._wd_state != ARMED:
                 return
+            hold_deadline = lease._hold_deadline
+            if hold_deadline is not None and hold_deadline - self._clock() <= self._timer.tick:
+                # Nothing left to renew for: let the lease run out at max_hold.
+                lease._wd_state = FINAL
+                lease._timeout = None
+                if lease._deadline is None:
+                    lease._deadline = self._timer.schedule(lease._expires_at, self._deadline_due, lease)
+                return
             lease._wd_state = QUEUED
             lease._timeout = None
             self._due.append(lease)
@@ -156,7 +164,7 @@ class Watchdog:
                 lease._deadline = self._timer.schedule(lease._expires_at, self._deadline_due, lease)
 
     def _after_tick(self) -> None:
-        if self._due or self._expired:
+        if self._due:
             with self._cond:
                 if self._thread is None and not self._stopping:
                     self._thread = threading.Thread(target=self._run, name="lockaspect-watchdog", daemon=True)
@@ -175,21 +183,20 @@ class Watchdog:
             reason = "max-hold" if hold_deadline is not None and now >= hold_deadline - 1e-6 else "expired"
             lease._wd_state = CLOSED
             self._cancel_timeouts(lease)
-            # Flip the flag here, on time; the hook runs on the watchdog thread.
-            if lease._mark_lost(reason):
-                self._expired.append((lease, reason))
+        # Flip the flag here, on time, even while a renewal round trip hangs; ``lost`` only
+        # logs and hands the hook to the client's hook thread.
+        if lease._mark_lost(reason):
+            self._lost(lease, reason)
 
     # -- watchdog thread --------------------------------------------------------------
 
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._due and not self._expired and not self._stopping:
+                while not self._due and not self._stopping:
                     self._cond.wait()
                 if self._stopping:
                     return
-                expired = list(self._expired)
-                self._expired.clear()
                 batch = _Batch()
                 leases = []
                 for lease in self._due:
@@ -198,8 +205,6 @@ class Watchdog:
                         lease._batch = batch
                         leases.append(lease)
                 self._due = []
-            for lease, reason in expired:
-                self._lost(lease, reason)
             if leases:
                 self._renew(leases, batch)
 
@@ -269,5 +274,4 @@ class Watchdog:
     def _reset_after_fork(self) -> None:
         self._cond = threading.Condition(threading.Lock())
         self._due = []
-        self._expired.clear()
         self._thread = None

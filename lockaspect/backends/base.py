@@ -40,7 +40,8 @@ class AcquireResult(NamedTuple):
 
     Attributes:
         acquired: The lock is ours (first hold, or a re-entry of our own token).
-        fencing_token: The lock's fencing token when acquired, else 0.
+        fencing_token: The lock's fencing token on a first acquisition, else 0 (a re-entry
+            does not read it: the caller already has it).
         holds: Our hold count after the call (1 on first acquisition), else 0.
         holder_ttl: When busy, the holder's remaining lease in seconds, or ``None`` when
             the store did not say.

@@ -406,3 +406,19 @@ class TestClientConstruction:
         assert client.threads() == []
         with pytest.raises(ConfigurationError):
             work(1)
+
+
+class TestClientDelayWeight:
+    def test_a_short_watchdog_lease_works_with_the_default_delay_weight(self, make_client: Any) -> None:
+        """A 2 s watchdog lease without a delay_weight gets one that fits, and locks work."""
+        client = make_client(watchdog_lease=2.0)
+        assert client.delay_weight == pytest.approx(0.8)
+        with client.lock("short-lease") as lease:
+            assert lease.watchdog
+
+    def test_an_explicit_delay_weight_that_does_not_fit_fails_when_the_client_is_built(
+        self, lock_server: Any, namespace: str
+    ) -> None:
+        """An explicit delay_weight=0.9 on a 2 s watchdog lease is refused at construction, with the numbers."""
+        with pytest.raises(ConfigurationError, match=r"delay_weight=0\.9 leaves"):
+            LockClient.from_url(lock_server.url, namespace=namespace, watchdog_lease=2.0, delay_weight=0.9)

@@ -386,3 +386,20 @@ class TestLayering:
         """``_policy`` imports no I/O library and no clock: callers pass ``now`` in."""
         modules = {value.__name__ for value in vars(_policy).values() if isinstance(value, types.ModuleType)}
         assert modules.isdisjoint({"redis", "socket", "time", "threading", "asyncio", "selectors"})
+
+
+class TestDefaultDelayWeight:
+    def test_long_leases_keep_the_classic_default(self) -> None:
+        """A lease long enough for 0.9 gets 0.9."""
+        assert _policy.default_delay_weight(30.0, 0.1) == 0.9
+
+    def test_short_leases_get_a_weight_that_leaves_twice_the_margin(self) -> None:
+        """A 2 s lease with a 0.1 s tick gets 0.8: (1 - 0.8) * 2 = 0.4 = 2 * (0.1 + 0.1)."""
+        weight = _policy.default_delay_weight(2.0, 0.1)
+        assert weight == pytest.approx(0.8)
+        _policy.check_margin(2.0, weight, 0.1)  # and it passes the strict check
+
+    def test_a_lease_too_short_for_any_weight_is_refused_with_the_numbers(self) -> None:
+        """A lease that cannot leave the margin at all is a ConfigurationError naming the bound."""
+        with pytest.raises(ConfigurationError, match=r"0\.400s"):
+            _policy.default_delay_weight(0.3, 0.1)

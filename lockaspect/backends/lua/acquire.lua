@@ -6,6 +6,10 @@
 -- ARGV[2]  lease in milliseconds
 --
 -- returns  fence >= 1   acquired: fence is the INCR of KEYS[2], one hold is recorded.
+--                       A counter that does not exist yet, or that the store lost (a
+--                       restart without persistence, an eviction), starts from the server
+--                       clock in microseconds: above every token the lost counter issued,
+--                       since a counter gains one per acquisition, far less than one per us.
 --                       A request repeated with the same token (a retry after a lost
 --                       reply) finds its own hold and gets the same fence again.
 --          -(pttl + 1)  busy: pttl is the holder's remaining lease in milliseconds
@@ -13,6 +17,12 @@
 local pttl = redis.call('PTTL', KEYS[1])
 if pttl == -2 then
   local fence = redis.call('INCR', KEYS[2])
+  if fence == 1 then
+    local now = redis.call('TIME')
+    local start = now[1] .. string.format('%06d', tonumber(now[2]))
+    redis.call('SET', KEYS[2], start)
+    fence = tonumber(start)
+  end
   redis.call('HSET', KEYS[1], ARGV[1], 1, 'fence', fence)
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return fence
