@@ -26,7 +26,7 @@ SCHEMA = """
 CREATE TABLE accounts (
     id      TEXT PRIMARY KEY,
     balance INTEGER NOT NULL,
-    fence   INTEGER NOT NULL DEFAULT 0  -- lower than any token (tokens start at 1)
+    fence   BIGINT  NOT NULL DEFAULT 0  -- 64-bit, lower than any token (tokens are positive)
 )
 """
 

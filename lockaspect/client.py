@@ -337,8 +337,17 @@ class LockClient:
         return self._closed
 
     def threads(self) -> list[threading.Thread]:
-        """The library threads this client has started (for diagnostics)."""
+        """The library threads this client has started and that are alive.
+
+        Holding locks takes two: ``lockaspect-timer`` and ``lockaspect-watchdog``, however
+        many locks. Waiting for a busy lock adds ``lockaspect-notifier`` (one subscriber
+        connection for all waiters); the first lost lease with an ``on_lost`` hook adds
+        ``lockaspect-hooks``.
+        """
         threads = [self._timer.thread, self._watchdog.thread, self._hooks.thread]
+        backend_threads = getattr(self.backend, "threads", None)
+        if backend_threads is not None:
+            threads.extend(backend_threads())
         return [t for t in threads if t is not None and t.is_alive()]
 
     def __enter__(self) -> LockClient:
@@ -432,12 +441,15 @@ class LockClient:
         deadline = _policy.wait_deadline(start, spec.wait)
         subscription: Subscription | None = None
         attempt = 0
+        if spec.wait and log.isEnabledFor(logging.DEBUG):
+            log.debug("%r is busy (holder's lease ends in %ss); waiting up to %ss", key, result.holder_ttl, spec.wait)
         try:
             while True:
                 now = clock()
                 if deadline is not None and now >= deadline:
                     with self._count_lock:
                         self._counts["not_acquired"] += 1
+                    log.debug("%r not acquired after %d attempt(s)", key, attempt + 1)
                     raise LockNotAcquired(
                         f"lock {key!r} is held by another owner"
                         + (f" (waited {now - start:.3f}s)" if spec.wait else ""),
@@ -502,6 +514,10 @@ class LockClient:
         Never raises for store trouble: a release that fails leaves a key that expires
         with its lease, and the work done under the lock is not undone by it.
         """
+        if lease._epoch != self._epoch:
+            # A forked child unwinding a block its parent entered: the lock is the parent's.
+            lease._exit()
+            return
         last = lease._exit()
         if last:
             self._watchdog.cancel(lease)

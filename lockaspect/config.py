@@ -49,7 +49,8 @@ def configure(
             30}}`` or the path of a TOML file with ``[locks."orders.create"]`` tables.
             Replaces the policies configured before. Each policy may set ``key``,
             ``lease``, ``delay_weight``, ``wait``, ``max_hold``, ``on_failure``, ``on_lost``
-            and ``executor``; values are checked here.
+            and ``executor``; values are checked here. TOML has no null, so write
+            ``lease = "watchdog"``, ``wait = "forever"`` and ``max_hold = "none"`` for ``None``.
 
     Returns:
         The default client now configured (``None`` if there is none yet).
@@ -160,8 +161,15 @@ def _parse_policies(
     return parsed
 
 
+#: TOML has no null: these strings stand for ``None`` in policy files (and mappings).
+_NONE_SPELLINGS = {"lease": "watchdog", "wait": "forever", "max_hold": "none"}
+
+
 def _check_options(name: str, options: dict[str, Any], source: str) -> dict[str, Any]:
     where = f"policy {name!r} in {source}"
+    for option, spelling in _NONE_SPELLINGS.items():
+        if options.get(option) == spelling:
+            options[option] = None
     try:
         if "key" in options:
             key = options["key"]

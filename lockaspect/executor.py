@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextvars
 import threading
 from collections.abc import Callable
-from concurrent.futures import Executor, Future
+from concurrent.futures import Executor, Future, InvalidStateError, ProcessPoolExecutor
 from typing import Any, Final, Literal
 
 from .lease import Lease
@@ -34,6 +34,11 @@ def check_executor(executor: object) -> Executor | None:
     """Validate the ``executor=`` option; ``None`` means inline."""
     if executor is None or executor == INLINE:
         return None
+    if isinstance(executor, ProcessPoolExecutor):
+        raise TypeError(
+            "a ProcessPoolExecutor cannot run a locked body: the lease, its watchdog and the "
+            "caller's context live in this process; use a thread pool, or lock inside the task"
+        )
     if isinstance(executor, Executor) or callable(getattr(executor, "submit", None)):
         return executor  # type: ignore[return-value]
     raise TypeError(f"executor must be a concurrent.futures.Executor or 'inline', got {type(executor).__name__}")
@@ -80,6 +85,21 @@ class _Handoff:
         self.kwargs = kwargs
         self.future: Future[Any] = Future()
 
+    def abandon(self, submitted: Future[Any]) -> None:
+        """Done-callback of the executor's own future. ``__call__`` never raises, so the
+        executor's future fails (or is cancelled) only if our body never ran."""
+        if submitted.cancelled():
+            self.future.cancel()  # a no-op if the body runs or ran
+            return
+        error = submitted.exception()
+        if error is None or self.future.running() or self.future.done():
+            return
+        try:
+            if self.future.set_running_or_notify_cancel():
+                self.future.set_exception(error)
+        except (InvalidStateError, RuntimeError):  # the body started after all
+            pass
+
     def __call__(self) -> None:
         if not self.future.set_running_or_notify_cancel():
             return  # cancelled by the caller before it started
@@ -117,7 +137,10 @@ def run_body(
         # Inside the try: an interrupt can land in submit() after the body was queued
         # (ThreadPoolExecutor starts its worker thread after queueing), and the body must
         # then still not run without the lock.
-        executor.submit(handoff)
+        submitted = executor.submit(handoff)
+        # If the executor fails the task without running it (a custom executor that
+        # pickles, a shutdown race), fail ours too instead of waiting forever.
+        submitted.add_done_callback(handoff.abandon)
         done.wait()
     except BaseException as exc:
         if future.cancel():

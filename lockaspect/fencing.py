@@ -16,8 +16,9 @@ SQL resource: keep the token in a column and make it part of the update's condit
 
     -- 0 rows updated means a newer holder wrote first: this writer is stale.
 
-Create the column with a default lower than any token (``fence BIGINT NOT NULL DEFAULT
-0``; tokens start at 1). ``<=`` lets one holder write several times under one lease.
+Create the column as a 64-bit integer with a default lower than any token (``fence BIGINT
+NOT NULL DEFAULT 0``; tokens are positive and, seeded from the store's clock, need more than
+32 bits). ``<=`` lets one holder write several times under one lease.
 """
 
 from __future__ import annotations

@@ -136,6 +136,11 @@ class Lease:
         return self._client._clock() >= self._expires_at and self._holds > 0
 
     @property
+    def held(self) -> bool:
+        """``True`` while the call that took the lease has not released it and it is not lost."""
+        return self._holds > 0 and not self.lost
+
+    @property
     def lost_reason(self) -> str | None:
         """Why the lease was lost (``"not-owner"``, ``"expired"``, ``"max-hold"``), or ``None``."""
         if self._lost_reason is None and self.lost:
@@ -148,17 +153,27 @@ class Lease:
         return float(self._expires_at - self._client._clock())
 
     def check(self) -> None:
-        """Raise :class:`~lockaspect.LockLost` if the lease is lost; a cheap local check.
+        """Raise :class:`~lockaspect.LockLost` unless the lease is still held; a cheap local
+        check, no I/O.
 
         Call it from long-running synchronous bodies between steps: Python cannot
-        interrupt a thread, so this is how a sync body learns that it lost the lock.
+        interrupt a thread, so this is how a sync body learns that it lost the lock. It
+        also raises (reason ``"released"``) for a lease whose call already released it,
+        e.g. in a thread that shared the call's context and outlived it.
         """
         if self.lost:
             reason = self.lost_reason or "expired"
             raise LockLost(f"lease on {self.key!r} lost ({reason})", key=self.key, reason=reason, lease=self)
+        if self._holds <= 0:
+            raise LockLost(
+                f"lease on {self.key!r} was released; this code no longer runs under the lock",
+                key=self.key,
+                reason="released",
+                lease=self,
+            )
 
     def __repr__(self) -> str:
-        state = f"lost:{self.lost_reason}" if self.lost else "held"
+        state = f"lost:{self.lost_reason}" if self.lost else ("held" if self._holds > 0 else "released")
         return f"<Lease key={self.key!r} fencing_token={self.fencing_token} watchdog={self.watchdog} {state}>"
 
     # -- internal ---------------------------------------------------------------------
@@ -213,7 +228,7 @@ def _find_held(client: Any, key: str) -> Lease | None:
     held = _HELD.get()
     while held is not None:
         lease = held.lease
-        if lease._client is client and lease.key == key and lease._epoch == client._epoch:
+        if lease._client is client and lease.key == key and lease._holds > 0 and lease._epoch == client._epoch:
             return lease
         held = held.parent
     return None

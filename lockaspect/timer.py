@@ -29,6 +29,10 @@ __all__ = ["HashedWheelTimer", "Timeout"]
 
 log = logging.getLogger("lockaspect.timer")
 
+#: Seconds the driver keeps ticking after the wheel empties before it sleeps until the next
+#: schedule() wakes it.
+IDLE_AFTER: Final = 1.0
+
 _PENDING: Final = 0
 _CANCELLED: Final = 1
 _EXPIRED: Final = 2
@@ -278,11 +282,17 @@ class HashedWheelTimer:
 
     def _run(self) -> None:
         wheel, clock, wake = self._wheel, self._clock, self._wake
+        busy_at = clock()
         while not self._stopped:
             now = clock()
+            if not wheel.idle:  # also counts timeouts scheduled (and maybe cancelled) since the last tick
+                busy_at = now
             next_at = wheel.next_tick_at()
             if now < next_at:
-                if wheel.idle:
+                # Keep ticking a while after the wheel empties: under steady lock churn
+                # each lock's timeout is added and cancelled within milliseconds, and waking
+                # an idle thread for every one of them costs more than ten ticks a second.
+                if wheel.idle and now - busy_at >= IDLE_AFTER:
                     # Announce idleness first, then re-check: schedule() appends before it
                     # reads _idle, so either we see its timeout or it sees _idle and wakes us.
                     self._idle = True
@@ -290,7 +300,8 @@ class HashedWheelTimer:
                         wake.wait()
                     self._idle = False
                     wake.clear()
-                    wheel.fast_forward(clock())
+                    busy_at = clock()
+                    wheel.fast_forward(busy_at)
                 else:
                     wake.wait(next_at - now)
                     wake.clear()

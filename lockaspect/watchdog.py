@@ -82,6 +82,7 @@ class Watchdog:
         self._clock = clock
         self._cond = threading.Condition(threading.Lock())
         self._due: list[Lease] = []
+        self._failing = False  # for logging the start and end of an outage once each
         self._thread: threading.Thread | None = None
         self._stopping = False
         self.stats = WatchdogStats()
@@ -220,8 +221,16 @@ class Watchdog:
             statuses: list[bool] | None = self._backend.renew(requests)
         except BackendError as exc:
             stats.renewal_failures += len(leases)
-            log.debug("renewal round trip for %d lease(s) failed: %s", len(leases), exc)
+            if not self._failing:
+                self._failing = True
+                log.warning("renewals are failing, retrying until each lease ends: %s", exc)
+            else:
+                log.debug("renewal round trip for %d lease(s) failed: %s", len(leases), exc)
             statuses = None
+        else:
+            if self._failing:
+                self._failing = False
+                log.info("renewals succeed again")
         lost: list[tuple[Lease, str]] = []
         try:
             with self._cond:

@@ -18,17 +18,18 @@ distinct lock name ever used.
 from __future__ import annotations
 
 import hashlib
-import inspect
 import logging
+import os
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 from importlib import resources
 from typing import Any
 
 import redis
 from redis.backoff import NoBackoff
-from redis.exceptions import NoScriptError, RedisError, ResponseError
+from redis.exceptions import ConnectionError, NoScriptError, RedisError, ResponseError
 from redis.retry import Retry
 
 from ..errors import BackendError
@@ -88,56 +89,94 @@ class LuaScript:
 
 
 class _Wire:
-    """Sends one pre-packed command on a pooled connection and reads its reply.
+    """Sends one pre-packed command on a connection of its own and reads the reply.
 
-    The hot path of a lock is two round trips (acquire, release). redis-py's
-    ``execute_command`` spends more time per call in argument packing, retry wrappers and
-    observability hooks than the two scripts take on the server, so lock commands are
-    packed here (the constant ``EVALSHA <sha> <numkeys>`` prefix once per script) and sent
-    with the connection's public ``send_packed_command`` / ``read_response``. Clients
-    without a plain connection pool (a single-connection client, Redis Cluster) use
-    ``execute_command`` instead.
+    The hot path of a lock is two round trips (acquire, release), and on loopback the
+    client's own work is a large part of each. So lock commands skip what redis-py's
+    ``execute_command`` adds per call:
+
+    * packing: each script's constant ``EVALSHA <sha> <numkeys>`` prefix is packed once;
+    * the pool's checkout probe: ``ConnectionPool.get_connection`` polls every connection
+      for stray data (two ``ioctl`` and a ``recv`` per command) and checks the pid twice.
+      Connections here are made by the pool (so ``max_connections``, client-side caching and
+      metrics apply) but kept in a LIFO list of our own. They are clean by construction: a
+      reply is always read in full, and any other failure disconnects the connection. A
+      forked child drops the list (see ``_after_fork``) instead of checking the pid per call.
+
+    Commands go out with the connection's public ``send_packed_command`` and come back
+    through ``read_response``. Clients without a plain pool (a single-connection client,
+    Redis Cluster) use ``execute_command`` instead.
     """
 
-    __slots__ = ("_client", "_get_args", "_pool")
+    __slots__ = ("__weakref__", "_client", "_free", "_make")
 
     def __init__(self, client: Any) -> None:
         self._client = client
         pool = getattr(client, "connection_pool", None)
-        usable = (
-            pool is not None
-            and getattr(client, "connection", None) is None
-            and callable(getattr(pool, "get_connection", None))
-            and callable(getattr(pool, "release", None))
-        )
-        self._pool = pool if usable else None
-        # redis-py < 5.1 requires get_connection(command_name); newer versions deprecate it.
-        self._get_args: tuple[str, ...] = ()
-        if self._pool is not None:
-            try:
-                parameter = inspect.signature(self._pool.get_connection).parameters.get("command_name")
-            except (TypeError, ValueError):
-                parameter = None
-            if parameter is not None and parameter.default is inspect.Parameter.empty:
-                self._get_args = ("EVALSHA",)
+        make = getattr(pool, "make_connection", None)
+        usable = getattr(client, "connection", None) is None and callable(make)
+        self._make: Any = make if usable else None
+        self._free: list[Any] = []
+        _wires.add(self)
 
     def call(self, packed: bytes, args: tuple[object, ...]) -> Any:
         """Send ``packed`` (``args`` is the same command unpacked, for the slow path)."""
-        pool = self._pool
-        if pool is None:
+        if self._make is None:
             return self._client.execute_command(*args)
-        connection = pool.get_connection(*self._get_args)
+        free = self._free
         try:
-            connection.send_packed_command((packed,))
-            return connection.read_response()
-        except ResponseError:
-            raise  # the whole reply was read: the connection is in a clean state
-        except BaseException:
-            # A timeout or an interrupt may leave half a reply on the socket.
+            connection = free.pop()
+            retry = True
+        except IndexError:
+            connection = self._make()
+            retry = False
+        while True:
+            try:
+                connection.send_packed_command((packed,), check_health=False)
+                reply = connection.read_response()
+            except ResponseError:
+                free.append(connection)  # the whole reply was read: the connection is clean
+                raise
+            except ConnectionError:
+                connection.disconnect()
+                if retry:
+                    # A kept connection that the server closed (a restart, its idle timeout,
+                    # CLIENT KILL) fails at once with EOF or a reset: the server never ran the
+                    # command, so it goes out once more, reconnected. Timeouts never retry.
+                    retry = False
+                    continue
+                free.append(connection)
+                raise
+            except BaseException:
+                # A timeout or an interrupt may leave half a reply on the socket; a
+                # disconnected connection reconnects on its next use.
+                connection.disconnect()
+                free.append(connection)
+                raise
+            free.append(connection)
+            return reply
+
+    def close(self) -> None:
+        free, self._free = self._free, []
+        for connection in free:
             connection.disconnect()
-            raise
-        finally:
-            pool.release(connection)
+
+    def _after_fork(self) -> None:
+        # The parent's sockets: never write to them from the child. Dropping the objects
+        # is safe, redis-py only shuts a socket down in the process that opened it.
+        self._free = []
+
+
+_wires: weakref.WeakSet[_Wire] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for wire in list(_wires):
+        wire._after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _bulk(value: bytes) -> bytes:
@@ -155,17 +194,19 @@ def no_retry_client(url: str, **options: Any) -> redis.Redis:
 
     redis-py retries on connection errors and timeouts by default. A lock command that
     timed out may still have run, so repeating it is the core's decision, not the
-    driver's. Short default timeouts keep a dead or hung server from hanging callers.
+    driver's. Short default timeouts (2 s) keep a dead or hung server from hanging callers.
     """
-    options.setdefault("socket_timeout", 5.0)
-    options.setdefault("socket_connect_timeout", 5.0)
+    # 2 s: a renewal that hangs times out and is retried within the default renewal margin
+    # (a 30 s lease renewed at 0.9 leaves 3 s).
+    options.setdefault("socket_timeout", 2.0)
+    options.setdefault("socket_connect_timeout", 2.0)
     options.setdefault("retry", Retry(backoff=NoBackoff(), retries=0))
     options["decode_responses"] = False
     return redis.Redis.from_url(url, **options)
 
 
 class RedisBackend:
-    """A lock store on one Redis or Valkey server (or a Sentinel-managed primary).
+    """A lock store on one Redis or Valkey server (6.2 or newer).
 
     Args:
         client: A ``redis.Redis`` client; it should not retry commands by itself
@@ -275,11 +316,18 @@ class RedisBackend:
                 self._notifier = RedisNotifier(self.redis, self.channel)
             return self._notifier
 
+    def threads(self) -> list[threading.Thread]:
+        """Threads the backend started (the release-notification reader, once used)."""
+        notifier = self._notifier
+        thread = None if notifier is None else notifier._thread
+        return [] if thread is None else [thread]
+
     def close(self) -> None:
         with self._notifier_lock:
             notifier, self._notifier = self._notifier, None
         if notifier is not None:
             notifier.close()
+        self._wire.close()
         self.redis.close()
         self.redis.connection_pool.disconnect()
 

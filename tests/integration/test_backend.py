@@ -223,6 +223,21 @@ class TestFenceCounterLoss:
             backend.close()
 
 
+class TestDroppedConnections:
+    def test_a_connection_the_server_closed_is_replaced_without_an_error(
+        self, backend: RedisBackend, server_raw: Any
+    ) -> None:
+        """After the server kills the backend's kept connections, the next commands still succeed."""
+        owner = token()
+        assert backend.acquire("dropped", owner, LONG).acquired
+        killed = server_raw.client_kill_filter(_type="normal", skipme=True)
+        assert killed >= 1
+        assert backend.release("dropped", owner) is ReleaseResult.RELEASED
+        again = token()
+        assert backend.acquire("dropped", again, LONG).acquired
+        assert backend.release("dropped", again) is ReleaseResult.RELEASED
+
+
 class TestRelease:
     def test_release_codes(self, backend: RedisBackend, server_raw: Any) -> None:
         """Release answers STILL_HELD while holds remain, RELEASED at zero, NOT_OWNER after."""

@@ -170,6 +170,12 @@ lease = 12.5
 [locks."reports.nightly"]
 key = "report"
 wait = 0
+
+[locks."reports.patient"]
+key = "report"
+lease = "watchdog"
+wait = "forever"
+max_hold = "none"
 """
 
 
@@ -207,6 +213,18 @@ class TestPolicies:
         assert (lease.key, lease.lease_time, lease.watchdog) == ("order:3", 12.5, False)
         report = nightly()
         assert (report.key, report.watchdog) == ("report", True)
+
+        @distributed_lock(policy="reports.patient")
+        def patient() -> Any:
+            return current_lease()
+
+        assert patient().watchdog  # lease = "watchdog" and wait = "forever" stand for None
+        assert lockconfig.get_policy("reports.patient") == {
+            "key": "report",
+            "lease": None,
+            "wait": None,
+            "max_hold": None,
+        }
 
     def test_explicit_arguments_override_the_policy(self, plain: LockClient) -> None:
         """Arguments given to the decorator win over the policy's, including ``lease=None`` over a fixed lease."""

@@ -468,3 +468,78 @@ class TestIndependentThreads:
         assert no_lease is None
         assert isinstance(error, LockNotAcquired)
         assert error.key == "spawn:1"
+
+
+class FailingExecutor(ThreadPoolExecutor):
+    """An executor whose own future fails without running the task, as one that pickles
+    its tasks (like a process pool) would fail on an unpicklable callable."""
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        from concurrent.futures import Future
+
+        future: Future[Any] = Future()
+        future.set_exception(RuntimeError("cannot ship this task"))
+        return future
+
+
+class TestExecutorsThatCannotRunTheBody:
+    def test_a_process_pool_is_refused_at_decoration(self, plain: LockClient) -> None:
+        """A ProcessPoolExecutor is a TypeError when the decorator is applied (the lease lives here)."""
+        from concurrent.futures import ProcessPoolExecutor
+
+        pool = ProcessPoolExecutor(max_workers=1)
+        try:
+            with pytest.raises(TypeError, match="ProcessPoolExecutor"):
+                distributed_lock(key="pp:<n>", client=plain, executor=pool)
+        finally:
+            pool.shutdown()
+
+    def test_an_executor_failing_the_task_fails_the_call_instead_of_hanging(self, plain: LockClient, raw: Any) -> None:
+        """When the executor's future fails without running the body, the call raises that error and releases."""
+        ran = []
+
+        @distributed_lock(key="ship:<n>", client=plain, executor=FailingExecutor(max_workers=1))
+        def work(n: int) -> None:
+            ran.append(n)
+
+        with pytest.raises(RuntimeError, match="cannot ship this task"):
+            work(1)
+        assert ran == []
+        assert not raw.exists(plain.backend.lock_key("ship:1"))
+
+
+class TestReleasedLease:
+    def test_a_thread_sharing_the_context_after_the_call_is_not_protected(self, plain: LockClient, raw: Any) -> None:
+        """A thread that shares a call's context and outlives it sees a released lease, not a held one."""
+        after: dict[str, Any] = {}
+        go = threading.Event()
+        done = threading.Event()
+
+        def outliving() -> None:
+            go.wait(30)
+            lease = current_lease()
+            assert lease is not None
+            after["held"] = lease.held
+            with pytest.raises(LockLost) as excinfo:
+                lease.check()
+            after["reason"] = excinfo.value.reason
+            # a nested lock here is a new acquisition, not a re-entry of the released lease
+            with plain.lock("released:1") as fresh:
+                after["fresh_token"] = fresh.token
+            done.set()
+
+        @distributed_lock(key="released:<n>", client=plain)
+        def work(n: int) -> str:
+            context = contextvars.copy_context()
+            threading.Thread(target=context.run, args=(outliving,)).start()
+            lease = current_lease()
+            assert lease is not None
+            return lease.token
+
+        token = work(1)
+        go.set()
+        assert done.wait(30)
+        assert after["held"] is False
+        assert after["reason"] == "released"
+        assert after["fresh_token"] != token
+        assert not raw.exists(plain.backend.lock_key("released:1"))

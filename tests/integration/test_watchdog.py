@@ -435,14 +435,36 @@ class TestLostLease:
                     assert check_info.value.reason == "expired"
                     stats = client.stats()
                     assert (stats.renewals, stats.renewal_failures) == (0, 0)  # still in flight
+                    # the hook runs on its own thread, not behind the hung round trip
+                    hook.wait(15)
                 finally:
                     fresh_server.resume()
-                hook.wait(15)
 
         with pytest.raises(LockLost) as exc_info:
             hold_while_the_store_hangs()
         assert exc_info.value.reason == "expired"
         assert len(hook.calls) == 1
+
+    @pytest.mark.slow
+    @pytest.mark.timeout(60)
+    def test_an_outage_is_logged_once_when_it_starts_and_once_when_it_ends(
+        self, make_client: Callable[..., LockClient], fresh_server: LockServer, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """Failing renewals log one WARNING when they start failing and one INFO when they succeed again."""
+        caplog.set_level(logging.INFO, logger="lockaspect.watchdog")
+        client = make_client(url=fresh_server.url, watchdog_lease=3.0, tick=TICK, delay_weight=0.3, socket_timeout=0.2)
+        with client.lock("outage") as lease:
+            wait_for(lambda: client.stats().renewals >= 1, what="a first renewal")
+            fresh_server.pause()
+            try:
+                wait_for(lambda: client.stats().renewal_failures >= 2, what="two failed renewal attempts")
+            finally:
+                fresh_server.resume()
+            wait_for(lambda: any("succeed again" in r.message for r in caplog.records), what="the recovery")
+            assert not lease.lost
+        failing = [r for r in caplog.records if "renewals are failing" in r.message]
+        assert len(failing) == 1
+        assert failing[0].levelno == logging.WARNING
 
 
 class TestFork:
@@ -497,3 +519,36 @@ class TestFork:
             if child_pid is not None:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(child_pid, signal.SIGKILL)
+
+
+class _ChildUnwinds(Exception):
+    pass
+
+
+class TestForkedChildUnwinding:
+    @fork_warning
+    def test_a_child_forked_inside_a_block_does_not_release_the_parents_lock(
+        self, client: LockClient, raw: Any
+    ) -> None:
+        """A child forked inside a locked block that unwinds it leaves the parent's lock in place."""
+        key = client.backend.lock_key("forked-block")
+        _PARENT_PID[0] = os.getpid()
+        try:
+            with client.lock("forked-block") as lease:
+                pid = _fork()
+                if pid == 0:
+                    raise _ChildUnwinds  # the child runs the inherited block's __exit__
+                _, status = os.waitpid(pid, 0)
+                assert os.WIFEXITED(status)
+                assert os.WEXITSTATUS(status) == 0
+                assert raw.hget(key, lease.token) == b"1"
+        except _ChildUnwinds:
+            os._exit(0)
+        except BaseException:
+            if os.getpid() != _PARENT_PID[0]:
+                os._exit(1)
+            raise
+        assert not raw.exists(key)
+
+
+_PARENT_PID = [os.getpid()]

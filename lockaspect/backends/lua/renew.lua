@@ -1,6 +1,7 @@
 -- renew.lua: extend many leases in one call, each only if its token still owns it.
 --
--- KEYS[1..N]  lock hashes (see acquire.lua); on Redis Cluster all in one slot
+-- KEYS[1..N]  lock hashes (see acquire.lua); they may span hash slots only on a server that
+--             is not a cluster member (a cluster client must batch per slot)
 -- ARGV[2i-1]  owner token of KEYS[i]
 -- ARGV[2i]    new lease of KEYS[i] in milliseconds
 --
