@@ -21,16 +21,18 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from lockaspect.backends.redis import DEFAULT_SOCKET_TIMEOUT
+
 #: The options lockaspect's ``LockClient.from_url`` gives its redis-py client (see
 #: ``lockaspect.backends.redis.no_retry_client``). Every client in the benchmark is built
 #: with exactly these, so no library runs on a faster or slower connection setup.
-SOCKET_TIMEOUT = 5.0
-SOCKET_CONNECT_TIMEOUT = 5.0
+SOCKET_TIMEOUT = DEFAULT_SOCKET_TIMEOUT
+SOCKET_CONNECT_TIMEOUT = DEFAULT_SOCKET_TIMEOUT
 
 
 def make_redis(url: str, *, max_connections: int | None = None) -> redis.Redis:
     """A redis-py client built the way lockaspect builds its own: one connection pool,
-    ``socket_timeout=5``, ``socket_connect_timeout=5``, redis-py's command retries off
+    ``socket_timeout`` and ``socket_connect_timeout`` as lockaspect's defaults, redis-py's command retries off
     (``Retry(NoBackoff(), 0)``) and ``decode_responses=False``.
 
     ``max_connections`` is left to redis-py (its default pool) unless given.

@@ -242,7 +242,7 @@ class LockClient:
             delay_weight: See :class:`LockClient`.
             executor: See :class:`LockClient`.
             **redis_options: Passed to ``redis.Redis.from_url`` (``socket_timeout``
-                defaults to 5 s; redis-py's own command retries are switched off, because
+                defaults to 2 s; redis-py's own command retries are switched off, because
                 whether a lock command may be repeated is lockaspect's decision).
         """
         if not isinstance(url, str):
@@ -441,15 +441,18 @@ class LockClient:
         deadline = _policy.wait_deadline(start, spec.wait)
         subscription: Subscription | None = None
         attempt = 0
-        if spec.wait and log.isEnabledFor(logging.DEBUG):
-            log.debug("%r is busy (holder's lease ends in %ss); waiting up to %ss", key, result.holder_ttl, spec.wait)
+        if spec.wait != 0 and log.isEnabledFor(logging.DEBUG):
+            ends = "with no expiry" if result.holder_ttl is None else f"in {result.holder_ttl:.3f}s"
+            limit = "forever" if spec.wait is None else f"up to {spec.wait:g}s"
+            log.debug("%r is busy (the holder's lease ends %s); waiting %s", key, ends, limit)
+        tries = 1
         try:
             while True:
                 now = clock()
                 if deadline is not None and now >= deadline:
                     with self._count_lock:
                         self._counts["not_acquired"] += 1
-                    log.debug("%r not acquired after %d attempt(s)", key, attempt + 1)
+                    log.debug("%r not acquired after %d attempt(s)", key, tries)
                     raise LockNotAcquired(
                         f"lock {key!r} is held by another owner"
                         + (f" (waited {now - start:.3f}s)" if spec.wait else ""),
@@ -478,6 +481,7 @@ class LockClient:
                     attempt += 1
                 sent = clock()
                 result = self._try(key, token, lease_time)
+                tries += 1
                 if result.acquired:
                     return result, sent
         finally:

@@ -137,8 +137,9 @@ class Lease:
 
     @property
     def held(self) -> bool:
-        """``True`` while the call that took the lease has not released it and it is not lost."""
-        return self._holds > 0 and not self.lost
+        """``True`` while the call that took the lease has not released it and it is not lost
+        (and in the process that took it: a forked child holds nothing)."""
+        return self._holds > 0 and not self.lost and self._epoch == self._client._epoch
 
     @property
     def lost_reason(self) -> str | None:
@@ -159,7 +160,8 @@ class Lease:
         Call it from long-running synchronous bodies between steps: Python cannot
         interrupt a thread, so this is how a sync body learns that it lost the lock. It
         also raises (reason ``"released"``) for a lease whose call already released it,
-        e.g. in a thread that shared the call's context and outlived it.
+        e.g. in a thread that shared the call's context and outlived it, and (reason
+        ``"forked"``) in a child process forked while the lease was held.
         """
         if self.lost:
             reason = self.lost_reason or "expired"
@@ -169,6 +171,13 @@ class Lease:
                 f"lease on {self.key!r} was released; this code no longer runs under the lock",
                 key=self.key,
                 reason="released",
+                lease=self,
+            )
+        if self._epoch != self._client._epoch:
+            raise LockLost(
+                f"lease on {self.key!r} belongs to the process this one was forked from",
+                key=self.key,
+                reason="forked",
                 lease=self,
             )
 

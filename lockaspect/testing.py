@@ -303,5 +303,5 @@ def assert_locked(key: str | None = None) -> Lease:
     try:
         lease.check()
     except LockError as exc:
-        raise AssertionError(f"the lock {lease.key!r} is held but its lease is lost: {exc}") from exc
+        raise AssertionError(f"the code here no longer holds {lease.key!r}: {exc}") from exc
     return lease

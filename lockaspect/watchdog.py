@@ -13,7 +13,8 @@ lease:
 
 If the lease end passes first (store unreachable, a stalled round trip, a process pause)
 the lease is lost. Losing a lease sets its flag, logs a WARNING on ``lockaspect.watchdog``
-and runs the ``on_lost`` hook on the watchdog thread.
+and hands the ``on_lost`` hook to the client's hook thread (so a slow hook never delays
+renewals, and a hung round trip never delays a hook).
 
 Two library threads in all, however many leases: the timer and this watchdog.
 """
@@ -63,8 +64,9 @@ class Watchdog:
     Args:
         backend: Where renewals go.
         timer: The client's wheel; the watchdog schedules on it and listens to its ticks.
-        lost: Called as ``lost(lease, reason)`` on the watchdog thread, once per lease the
-            watchdog gave up, after the lease's flag is set (it logs and runs the hook).
+        lost: Called as ``lost(lease, reason)`` on the timer thread (lease end passed) or the
+            watchdog thread (the store said not ours), once per lease given up, after the
+            lease's flag is set. It must be quick: it logs and queues the hook.
         clock: Monotonic clock; the same one the timer uses.
     """
 

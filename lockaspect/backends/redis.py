@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import select
 import threading
 import time
 import weakref
@@ -29,7 +30,7 @@ from typing import Any
 
 import redis
 from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError, NoScriptError, RedisError, ResponseError
+from redis.exceptions import NoScriptError, RedisError, ResponseError
 from redis.retry import Retry
 
 from ..errors import BackendError
@@ -38,6 +39,10 @@ from .base import AcquireResult, Capability, ReleaseResult
 __all__ = ["LuaScript", "RedisBackend", "RedisNotifier", "load_script", "map_redis_error"]
 
 log = logging.getLogger("lockaspect.backend")
+
+#: Default socket (and connect) timeout in seconds: a renewal that hangs times out and is
+#: retried within the default renewal margin (a 30 s lease renewed at 0.9 leaves 3 s).
+DEFAULT_SOCKET_TIMEOUT = 2.0
 
 # One EVALSHA per chunk keeps each script call short on the server (Redisson uses 100);
 # all chunks of one batch still travel in one pipelined round trip.
@@ -96,12 +101,13 @@ class _Wire:
     ``execute_command`` adds per call:
 
     * packing: each script's constant ``EVALSHA <sha> <numkeys>`` prefix is packed once;
-    * the pool's checkout probe: ``ConnectionPool.get_connection`` polls every connection
-      for stray data (two ``ioctl`` and a ``recv`` per command) and checks the pid twice.
-      Connections here are made by the pool (so ``max_connections``, client-side caching and
-      metrics apply) but kept in a LIFO list of our own. They are clean by construction: a
-      reply is always read in full, and any other failure disconnects the connection. A
-      forked child drops the list (see ``_after_fork``) instead of checking the pid per call.
+    * the pool's checkout probe: ``ConnectionPool.get_connection`` checks every connection
+      for stray data with a zero-timeout read (two ``ioctl`` and a ``recv``) and the pid
+      twice. Connections here are made by the pool (so ``max_connections``, client-side
+      caching and metrics apply) but kept in a LIFO list of our own. They are clean by
+      construction (a reply is always read in full; any other failure disconnects the
+      connection), so one ``poll`` tells whether the server closed one; a forked child
+      drops the list (see ``_after_fork``) instead of checking the pid per call.
 
     Commands go out with the connection's public ``send_packed_command`` and come back
     through ``read_response``. Clients without a plain pool (a single-connection client,
@@ -126,35 +132,29 @@ class _Wire:
         free = self._free
         try:
             connection = free.pop()
-            retry = True
         except IndexError:
             connection = self._make()
-            retry = False
-        while True:
-            try:
-                connection.send_packed_command((packed,), check_health=False)
-                reply = connection.read_response()
-            except ResponseError:
-                free.append(connection)  # the whole reply was read: the connection is clean
-                raise
-            except ConnectionError:
+        else:
+            sock = getattr(connection, "_sock", None)
+            if sock is not None and _readable(sock):
+                # Nothing may be pending on an idle connection: this one was closed by the
+                # server (a restart, its idle timeout, CLIENT KILL). Reconnect before sending;
+                # a command is never sent twice, since one that failed may have run.
                 connection.disconnect()
-                if retry:
-                    # A kept connection that the server closed (a restart, its idle timeout,
-                    # CLIENT KILL) fails at once with EOF or a reset: the server never ran the
-                    # command, so it goes out once more, reconnected. Timeouts never retry.
-                    retry = False
-                    continue
-                free.append(connection)
-                raise
-            except BaseException:
-                # A timeout or an interrupt may leave half a reply on the socket; a
-                # disconnected connection reconnects on its next use.
-                connection.disconnect()
-                free.append(connection)
-                raise
+        try:
+            connection.send_packed_command((packed,), check_health=False)
+            reply = connection.read_response()
+        except ResponseError:
+            free.append(connection)  # the whole reply was read: the connection is clean
+            raise
+        except BaseException:
+            # A timeout or an interrupt may leave half a reply on the socket; a
+            # disconnected connection reconnects on its next use.
+            connection.disconnect()
             free.append(connection)
-            return reply
+            raise
+        free.append(connection)
+        return reply
 
     def close(self) -> None:
         free, self._free = self._free, []
@@ -165,6 +165,19 @@ class _Wire:
         # The parent's sockets: never write to them from the child. Dropping the objects
         # is safe, redis-py only shuts a socket down in the process that opened it.
         self._free = []
+
+
+def _readable(sock: Any) -> bool:
+    """Whether a socket has something to read (data, EOF or an error): one poll(2), no wait."""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    return bool(poller.poll(0))
+
+
+if not hasattr(select, "poll"):  # pragma: no cover - Windows
+
+    def _readable(sock: Any) -> bool:
+        return bool(select.select([sock], [], [], 0)[0])
 
 
 _wires: weakref.WeakSet[_Wire] = weakref.WeakSet()
@@ -196,10 +209,8 @@ def no_retry_client(url: str, **options: Any) -> redis.Redis:
     timed out may still have run, so repeating it is the core's decision, not the
     driver's. Short default timeouts (2 s) keep a dead or hung server from hanging callers.
     """
-    # 2 s: a renewal that hangs times out and is retried within the default renewal margin
-    # (a 30 s lease renewed at 0.9 leaves 3 s).
-    options.setdefault("socket_timeout", 2.0)
-    options.setdefault("socket_connect_timeout", 2.0)
+    options.setdefault("socket_timeout", DEFAULT_SOCKET_TIMEOUT)
+    options.setdefault("socket_connect_timeout", DEFAULT_SOCKET_TIMEOUT)
     options.setdefault("retry", Retry(backoff=NoBackoff(), retries=0))
     options["decode_responses"] = False
     return redis.Redis.from_url(url, **options)

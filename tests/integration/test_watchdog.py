@@ -530,14 +530,23 @@ class TestForkedChildUnwinding:
     def test_a_child_forked_inside_a_block_does_not_release_the_parents_lock(
         self, client: LockClient, raw: Any
     ) -> None:
-        """A child forked inside a locked block that unwinds it leaves the parent's lock in place."""
+        """A child forked inside a locked block is told it holds nothing, and unwinding the block
+        leaves the parent's lock in place."""
         key = client.backend.lock_key("forked-block")
         _PARENT_PID[0] = os.getpid()
         try:
             with client.lock("forked-block") as lease:
                 pid = _fork()
                 if pid == 0:
-                    raise _ChildUnwinds  # the child runs the inherited block's __exit__
+                    # the child holds nothing: the inherited lease says so...
+                    reason = None
+                    try:
+                        lease.check()
+                    except LockLost as lost:
+                        reason = lost.reason
+                    if lease.held or reason != "forked":
+                        os._exit(3)
+                    raise _ChildUnwinds  # ...and unwinding the inherited block releases nothing
                 _, status = os.waitpid(pid, 0)
                 assert os.WIFEXITED(status)
                 assert os.WEXITSTATUS(status) == 0
