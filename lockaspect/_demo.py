@@ -30,6 +30,7 @@ Not a public module: run it with ``lockaspect demo`` or ``python -m lockaspect d
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import logging
 import multiprocessing
 import os
@@ -104,7 +105,7 @@ QUICK = Settings(
 
 VOUCHER = "FLASH50"
 LEDGER_BOOK = "flash-sale"
-REPORT_DAY = "2025-11-21"
+REPORT_DAY = datetime.date.today().isoformat()
 #: First renewal at half the lease: on a 2 s lease that leaves 1 s for a late timer tick
 #: or a slow round trip (the default 0.9 would leave 0.2 s).
 DELAY_WEIGHT = 0.5

@@ -179,7 +179,9 @@ class _LockAspect:
         resolved = self.resolve(at_call=True)
         assert resolved is not None
         if instance is None:
-            names, skip = self._names.bind(args, kwargs), 0
+            # No instance: a function, a staticmethod, or (Python 3.13+, where classmethod no
+            # longer passes through wrapt's descriptor) a classmethod called with cls first.
+            names, skip = self._names.bind(args, kwargs), int(self._names.method_like)
         else:
             names, skip = self._names.bind((instance, *args), kwargs), 1
         key = self.render(resolved, names, skip)

@@ -62,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
         "the demo writes only keys under 'lockaspect-demo:' and deletes them at the end",
     )
     demo.add_argument("--workers", type=_workers, default=4, metavar="N", help="worker processes (default: 4)")
-    demo.add_argument("--quick", action="store_true", help="a smaller, faster run (about 10 s)")
+    demo.add_argument("--quick", action="store_true", help="a smaller, faster run (a few seconds)")
     demo.add_argument(
         "--unsafe",
         action="store_true",
@@ -80,6 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler = getattr(args, "handler", None)
     if handler is None:
         parser.print_help(sys.stderr)
+        print("\nlockaspect: a command is required (try: lockaspect demo)", file=sys.stderr)
         return 2
     status: int = handler(args)
     return status

@@ -576,6 +576,7 @@ class ArgumentNames:
         "_signature",
         "has_var_keyword",
         "has_var_positional",
+        "method_like",
         "parameters",
         "qualname",
     )
@@ -603,7 +604,9 @@ class ArgumentNames:
         self._npositional = sum(
             p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in params
         )
-        if params and params[0].name in ("self", "cls") and self._npositional:
+        #: The first parameter is ``self``/``cls``: not an argument for ``args``/``p<i>``.
+        self.method_like = bool(params) and params[0].name in ("self", "cls") and self._npositional > 0
+        if self.method_like:
             self._npositional -= 1
 
     def accepts(self, name: str) -> bool:
