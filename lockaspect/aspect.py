@@ -34,6 +34,8 @@ class _Unset:
         return "<default>"
 
 
+_SPEC_OPTIONS = ("lease", "wait", "max_hold", "on_lost", "delay_weight", "wait_strategy")
+
 #: Marks an option the caller did not pass, so a named policy can supply it.
 _UNSET: Any = _Unset()
 
@@ -45,6 +47,7 @@ _DEFAULTS: dict[str, Any] = {
     "on_failure": None,
     "on_lost": None,
     "executor": None,
+    "wait_strategy": "notify",
 }
 
 
@@ -138,6 +141,7 @@ class _LockAspect:
             wait=options["wait"],
             max_hold=options["max_hold"],
             on_lost=options["on_lost"],
+            wait_strategy=options["wait_strategy"],
         )
         on_failure = options["on_failure"]
         if on_failure is not None and not callable(on_failure):
@@ -210,6 +214,7 @@ def distributed_lock(
     client: LockClient | None = None,
     policy: str | None = None,
     max_hold: float | None = _UNSET,
+    wait_strategy: str = _UNSET,
 ) -> Callable[[F], F]:
     """Run the decorated function under a distributed lock named by ``key``.
 
@@ -243,6 +248,10 @@ def distributed_lock(
         policy: Name of a policy configured with :func:`~lockaspect.configure`; options
             passed here override the policy's.
         max_hold: Stop renewing after this many seconds; the lease then ends and is lost.
+        wait_strategy: ``"notify"`` (default): a waiter wakes on the holder's release
+            message, falling back to bounded polling when pub/sub is unavailable;
+            ``"poll"``: jittered polling bounded by the holder's remaining lease, for
+            deployments without pub/sub.
 
     Raises:
         KeyTemplateError: At decoration, for a malformed template or a name the function
@@ -281,13 +290,12 @@ def distributed_lock(
             ("on_lost", on_lost),
             ("executor", executor),
             ("max_hold", max_hold),
+            ("wait_strategy", wait_strategy),
         )
         if value is not _UNSET
     }
     # Check explicit options now even if a policy will be merged in later.
-    LockSpec.create(
-        **{k: v for k, v in explicit.items() if k in ("lease", "wait", "max_hold", "on_lost", "delay_weight")}
-    )
+    LockSpec.create(**{k: v for k, v in explicit.items() if k in _SPEC_OPTIONS})
     if explicit.get("on_failure") is not None and not callable(explicit["on_failure"]):
         raise TypeError(f"on_failure must be callable, got {type(explicit['on_failure']).__name__}")
     if "executor" in explicit:

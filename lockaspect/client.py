@@ -39,6 +39,8 @@ _SCHEMES = ("redis", "rediss", "unix")
 #: starts polling instead.
 SUBSCRIBE_TIMEOUT = 1.0
 
+WAIT_STRATEGIES = ("notify", "poll")
+
 OnLost = Callable[[Lease], object]
 
 
@@ -53,6 +55,9 @@ class LockSpec:
         wait: Seconds to wait for the lock; 0 tries once; ``None`` waits forever.
         max_hold: Stop renewing after this many seconds; the lease then ends and is lost.
         on_lost: Called once with the lease when it is lost.
+        wait_strategy: ``"notify"``: waiters wake on the release message (falling back to
+            bounded polling when pub/sub is unavailable); ``"poll"``: jittered polling
+            bounded by the holder's remaining lease, for stores or proxies without pub/sub.
     """
 
     lease: float | None = None
@@ -60,6 +65,7 @@ class LockSpec:
     wait: float | None = 0.0
     max_hold: float | None = None
     on_lost: OnLost | None = None
+    wait_strategy: str = "notify"
 
     @classmethod
     def create(
@@ -70,15 +76,21 @@ class LockSpec:
         wait: object = 0.0,
         max_hold: object = None,
         on_lost: object = None,
+        wait_strategy: object = "notify",
     ) -> LockSpec:
         if on_lost is not None and not callable(on_lost):
             raise TypeError(f"on_lost must be callable, got {type(on_lost).__name__}")
+        if wait_strategy not in WAIT_STRATEGIES:
+            if not isinstance(wait_strategy, str):
+                raise TypeError(f"wait_strategy must be a str, got {type(wait_strategy).__name__}")
+            raise ConfigurationError(f"wait_strategy must be 'notify' or 'poll', got {wait_strategy!r}")
         return cls(
             lease=_policy.lease_seconds(lease),
             delay_weight=None if delay_weight is None else _policy.check_delay_weight(delay_weight),
             wait=_policy.wait_seconds(wait),
             max_hold=_policy.seconds(max_hold, "max_hold", allow_none=True),
             on_lost=on_lost,
+            wait_strategy=str(wait_strategy),
         )
 
 
@@ -98,6 +110,16 @@ class ClientStats:
 
 
 _DEFAULT_SPEC = LockSpec()
+
+
+class _Slot:
+    """Where this process's waiters for one key queue, so one at a time talks to the store."""
+
+    __slots__ = ("lock", "users")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.users = 0
 
 
 def _run_hook(lease: Lease) -> None:
@@ -217,6 +239,7 @@ class LockClient:
         # fast path: a key nobody here holds cannot be a re-entry.
         self._held_keys: dict[str, int] = {}
         self._epoch = 0  # bumped in a forked child: its inherited leases are the parent's
+        self._slots: dict[str, _Slot] = {}  # key -> this process's sync waiters for it
         _clients.add(self)
 
     @classmethod
@@ -275,6 +298,7 @@ class LockClient:
         delay_weight: float | None = None,
         on_lost: OnLost | None = None,
         max_hold: float | None = None,
+        wait_strategy: str = "notify",
     ) -> LockBlock:
         """Lock ``key`` for a ``with`` block; the block gets the :class:`Lease`.
 
@@ -292,11 +316,23 @@ class LockClient:
             with client.lock("order:42", wait=2.0) as lease:
                 write(order, fence=lease.fencing_token)
         """
-        if lease is None and wait == 0.0 and delay_weight is None and on_lost is None and max_hold is None:
+        if (
+            lease is None
+            and wait == 0.0
+            and delay_weight is None
+            and on_lost is None
+            and max_hold is None
+            and wait_strategy == "notify"
+        ):
             spec = _DEFAULT_SPEC
         else:
             spec = LockSpec.create(
-                lease=lease, delay_weight=delay_weight, wait=wait, max_hold=max_hold, on_lost=on_lost
+                lease=lease,
+                delay_weight=delay_weight,
+                wait=wait,
+                max_hold=max_hold,
+                on_lost=on_lost,
+                wait_strategy=wait_strategy,
             )
         return LockBlock(self, check_key(key), spec)
 
@@ -437,34 +473,52 @@ class LockClient:
         start: float,
         result: AcquireResult,
     ) -> tuple[AcquireResult, float]:
-        clock = self._clock
+        """Wait for a busy lock: queue behind this process's other waiters for ``key``, then
+        retry on each release message (or by bounded polling) until the deadline."""
         deadline = _policy.wait_deadline(start, spec.wait)
-        subscription: Subscription | None = None
-        attempt = 0
-        if spec.wait != 0 and log.isEnabledFor(logging.DEBUG):
+        if deadline is not None and self._clock() >= deadline:
+            raise self._not_acquired(key, spec, start, result, 1)
+        if log.isEnabledFor(logging.DEBUG):
             ends = "with no expiry" if result.holder_ttl is None else f"in {result.holder_ttl:.3f}s"
             limit = "forever" if spec.wait is None else f"up to {spec.wait:g}s"
             log.debug("%r is busy (the holder's lease ends %s); waiting %s", key, ends, limit)
+        slot = self._join_slot(key)
+        try:
+            # Same-process waiters coalesce: only the one holding the slot talks to the store.
+            if deadline is None:
+                slot.lock.acquire()
+            elif not slot.lock.acquire(timeout=max(0.0, deadline - self._clock())):
+                raise self._not_acquired(key, spec, start, result, 1)
+            try:
+                return self._wait_turn(key, token, lease_time, spec, start, deadline, result)
+            finally:
+                slot.lock.release()
+        finally:
+            self._leave_slot(key, slot)
+
+    def _wait_turn(
+        self,
+        key: str,
+        token: str,
+        lease_time: float,
+        spec: LockSpec,
+        start: float,
+        deadline: float | None,
+        result: AcquireResult,
+    ) -> tuple[AcquireResult, float]:
+        clock = self._clock
+        notifier = self.backend.notifier() if self._notify and spec.wait_strategy == "notify" else None
+        subscription: Subscription | None = None
+        attempt = 0
         tries = 1
         try:
             while True:
                 now = clock()
                 if deadline is not None and now >= deadline:
-                    with self._count_lock:
-                        self._counts["not_acquired"] += 1
-                    log.debug("%r not acquired after %d attempt(s)", key, tries)
-                    raise LockNotAcquired(
-                        f"lock {key!r} is held by another owner"
-                        + (f" (waited {now - start:.3f}s)" if spec.wait else ""),
-                        key=key,
-                        waited=now - start if spec.wait else 0.0,
-                        holder_ttl=result.holder_ttl,
-                    )
-                if subscription is None and self._notify:
+                    raise self._not_acquired(key, spec, start, result, tries)
+                if notifier is not None and subscription is None:
                     remaining = SUBSCRIBE_TIMEOUT if deadline is None else min(SUBSCRIBE_TIMEOUT, deadline - now)
-                    notifier = self.backend.notifier()
-                    if notifier is not None:
-                        subscription = notifier.subscribe(key, remaining)
+                    subscription = notifier.subscribe(key, remaining)
                     # Subscribed: retry at once, the holder may have released meanwhile.
                 else:
                     pause = _policy.retry_sleep(
@@ -485,10 +539,36 @@ class LockClient:
                 if result.acquired:
                     return result, sent
         finally:
-            if subscription is not None:
-                notifier = self.backend.notifier()
-                if notifier is not None:
-                    notifier.unsubscribe(subscription)
+            if subscription is not None and notifier is not None:
+                notifier.unsubscribe(subscription)
+
+    def _not_acquired(
+        self, key: str, spec: LockSpec, start: float, result: AcquireResult, tries: int
+    ) -> LockNotAcquired:
+        waited = self._clock() - start if spec.wait else 0.0
+        with self._count_lock:
+            self._counts["not_acquired"] += 1
+        log.debug("%r not acquired after %d attempt(s)", key, tries)
+        return LockNotAcquired(
+            f"lock {key!r} is held by another owner" + (f" (waited {waited:.3f}s)" if spec.wait else ""),
+            key=key,
+            waited=waited,
+            holder_ttl=result.holder_ttl,
+        )
+
+    def _join_slot(self, key: str) -> _Slot:
+        with self._count_lock:
+            slot = self._slots.get(key)
+            if slot is None:
+                slot = self._slots[key] = _Slot()
+            slot.users += 1
+            return slot
+
+    def _leave_slot(self, key: str, slot: _Slot) -> None:
+        with self._count_lock:
+            slot.users -= 1
+            if slot.users == 0 and self._slots.get(key) is slot:
+                del self._slots[key]
 
     def _reenter(self, lease: Lease) -> Lease:
         if lease.lost:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from . import _policy
-from .client import LockClient
+from .client import LockClient, LockSpec
 from .errors import ConfigurationError, KeyTemplateError
 from .executor import check_executor
 from .keys import KeyTemplate
@@ -25,7 +25,9 @@ __all__ = ["POLICY_FIELDS", "configure", "default_client", "get_policy", "load_p
 ENV_URL = "LOCKASPECT_URL"
 
 #: Options a named policy may set (the decorator's, minus ``client`` and ``policy``).
-POLICY_FIELDS = frozenset({"key", "lease", "delay_weight", "wait", "max_hold", "on_failure", "on_lost", "executor"})
+POLICY_FIELDS = frozenset(
+    {"key", "lease", "delay_weight", "wait", "max_hold", "on_failure", "on_lost", "executor", "wait_strategy"}
+)
 
 _lock = threading.Lock()
 _client: LockClient | None = None
@@ -190,6 +192,8 @@ def _check_options(name: str, options: dict[str, Any], source: str) -> dict[str,
                 raise TypeError(f"{hook} must be callable")
         if "executor" in options:
             check_executor(options["executor"])
+        if "wait_strategy" in options:
+            LockSpec.create(wait_strategy=options["wait_strategy"])
     except (ConfigurationError, KeyTemplateError, TypeError) as exc:
         raise ConfigurationError(f"{where}: {exc}") from exc
     return options

@@ -34,6 +34,7 @@ from redis.exceptions import NoScriptError, RedisError, ResponseError
 from redis.retry import Retry
 
 from ..errors import BackendError
+from ._channels import ChannelTable
 from .base import AcquireResult, Capability, ReleaseResult
 
 __all__ = ["LuaScript", "RedisBackend", "RedisNotifier", "load_script", "map_redis_error"]
@@ -358,18 +359,17 @@ _RELEASE_CODES = {code.value: code for code in ReleaseResult}
 
 # -- release notifications ----------------------------------------------------------------
 
-_UNSUBSCRIBED, _SUBSCRIBING, _SUBSCRIBED, _UNSUBSCRIBING = range(4)
-
-#: Channels nobody waits on are unsubscribed after this many idle seconds, so a burst of
-#: waits on one key costs one SUBSCRIBE, not one per waiter.
-IDLE_UNSUBSCRIBE = 10.0
+#: After the server refuses pub/sub (an ACL without ``+@pubsub``, a proxy without it), stop
+#: asking for this many seconds: waiters poll at once instead of timing out on SUBSCRIBE.
+UNAVAILABLE_FOR = 60.0
 
 
 class _Subscription:
-    __slots__ = ("_event", "_notifier", "active", "channel")
+    """A sync waiter's registration for release messages of one lock."""
 
-    def __init__(self, notifier: RedisNotifier, channel: bytes) -> None:
-        self._notifier = notifier
+    __slots__ = ("_event", "active", "channel")
+
+    def __init__(self, channel: bytes) -> None:
         self.channel = channel
         self._event = threading.Event()
         self.active = False
@@ -379,80 +379,61 @@ class _Subscription:
         self._event.clear()
         return woke
 
-    def _wake(self) -> None:
+    def wake(self) -> None:
         self._event.set()
-
-
-class _Channel:
-    __slots__ = ("expected", "idle_since", "state", "waiters")
-
-    def __init__(self) -> None:
-        self.state = _UNSUBSCRIBED
-        self.expected: list[bytes] = []
-        self.waiters: set[_Subscription] = set()
-        self.idle_since = 0.0
 
 
 class RedisNotifier:
     """One subscriber connection and reader thread per client, fanning release messages
-    out to local waiters.
+    out to local waiters (see :class:`~lockaspect.backends._channels.ChannelTable`).
 
-    SUBSCRIBE/UNSUBSCRIBE are sent under one lock in the order of the state changes, and a
-    channel counts as subscribed only once every reply for it has arrived, so a late
-    UNSUBSCRIBE can never silently cancel a newer SUBSCRIBE. When the connection fails,
-    every waiter is woken and every subscription turns inactive: waiters then retry with
-    bounded polling, so progress never depends on a message arriving.
+    When the connection fails, every waiter is woken and every subscription turns
+    inactive; when the server refuses pub/sub, subscriptions stay inactive for a while.
+    Waiters then retry with bounded polling, so progress never depends on a message.
     """
 
     def __init__(self, client: redis.Redis, channel_for: Any) -> None:
         self._redis: Any = client
         self._channel_for = channel_for
         self._lock = threading.Condition(threading.Lock())
-        self._channels: dict[bytes, _Channel] = {}
+        self._table = ChannelTable()
         self._pubsub: Any = None
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._unavailable_until = 0.0
 
     def subscribe(self, key: str, timeout: float) -> _Subscription:
-        name = self._channel_for(key).encode()
-        sub = _Subscription(self, name)
-        deadline = time.monotonic() + timeout
+        sub = _Subscription(self._channel_for(key).encode())
+        now = time.monotonic()
+        deadline = now + timeout
         with self._lock:
-            if self._closed:
+            if self._closed or now < self._unavailable_until:
                 return sub
-            channel = self._channels.get(name)
-            if channel is None:
-                channel = self._channels[name] = _Channel()
-            channel.waiters.add(sub)
-            if channel.state in (_UNSUBSCRIBED, _UNSUBSCRIBING):
+            if self._table.join(sub):
                 try:
-                    self._send("SUBSCRIBE", name, channel)
+                    self._send("SUBSCRIBE", sub.channel)
                 except RedisError as exc:
-                    log.warning("cannot subscribe to %r, waiting by polling: %s", name, exc)
+                    log.warning("cannot subscribe to %r, waiting by polling: %s", sub.channel, exc)
+                    self._table.leave(sub, now)
                     return sub
-            while channel.state != _SUBSCRIBED and not self._closed:
+            # Stop waiting when the reader gave up (it resets the table and clears _pubsub).
+            while not self._table.subscribed(sub.channel) and not self._closed and self._pubsub is not None:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or not self._lock.wait(remaining):
                     break
-            sub.active = channel.state == _SUBSCRIBED
+            sub.active = self._table.subscribed(sub.channel)
         return sub
 
     def unsubscribe(self, subscription: Any) -> None:
         with self._lock:
-            channel = self._channels.get(subscription.channel)
-            if channel is not None:
-                channel.waiters.discard(subscription)
-                if not channel.waiters:
-                    channel.idle_since = time.monotonic()
+            self._table.leave(subscription, time.monotonic())
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
             pubsub, self._pubsub = self._pubsub, None
-            for channel in self._channels.values():
-                for sub in channel.waiters:
-                    sub._wake()
-            self._channels.clear()
+            for waiter in self._table.reset():
+                waiter.wake()
             self._lock.notify_all()
         if pubsub is not None:
             try:
@@ -464,17 +445,13 @@ class RedisNotifier:
             thread.join(timeout=5.0)
 
     # Called with self._lock held.
-    def _send(self, command: str, name: bytes, channel: _Channel) -> None:
+    def _send(self, command: str, name: bytes) -> None:
         if self._pubsub is None:
             self._pubsub = self._redis.pubsub(ignore_subscribe_messages=False)
         if command == "SUBSCRIBE":
             self._pubsub.subscribe(name)
-            channel.state = _SUBSCRIBING
-            channel.expected.append(b"subscribe")
         else:
             self._pubsub.unsubscribe(name)
-            channel.state = _UNSUBSCRIBING
-            channel.expected.append(b"unsubscribe")
         if self._thread is None:
             self._thread = threading.Thread(target=self._read, name="lockaspect-notifier", daemon=True)
             self._thread.start()
@@ -485,7 +462,11 @@ class RedisNotifier:
                 if self._closed:
                     return
                 pubsub = self._pubsub
-                self._housekeep()
+                for name in self._table.idle(time.monotonic()):
+                    try:
+                        self._send("UNSUBSCRIBE", name)
+                    except RedisError:
+                        break
             if pubsub is None:
                 return
             try:
@@ -502,43 +483,28 @@ class RedisNotifier:
         kind = kind.encode() if isinstance(kind, str) else kind
         name = message["channel"]
         with self._lock:
-            channel = self._channels.get(name)
-            if channel is None:
-                return
             if kind == b"message":
-                for sub in channel.waiters:
-                    sub._wake()
-            elif kind in (b"subscribe", b"unsubscribe"):
-                if channel.expected:
-                    channel.expected.pop(0)
-                if not channel.expected:
-                    channel.state = _SUBSCRIBED if kind == b"subscribe" else _UNSUBSCRIBED
-                    self._lock.notify_all()
-
-    def _housekeep(self) -> None:
-        now = time.monotonic()
-        for name, channel in list(self._channels.items()):
-            if channel.waiters or channel.state != _SUBSCRIBED:
-                continue
-            if now - channel.idle_since >= IDLE_UNSUBSCRIBE:
-                try:
-                    self._send("UNSUBSCRIBE", name, channel)
-                except RedisError:
-                    return
+                for waiter in self._table.message(name):
+                    waiter.wake()
+            elif kind in (b"subscribe", b"unsubscribe") and self._table.reply(kind, name):
+                self._lock.notify_all()
 
     def _connection_lost(self, pubsub: Any, exc: BaseException) -> None:
         with self._lock:
             if self._closed:
                 return
-            log.warning("release notifications interrupted, waiters fall back to polling: %s", exc)
-            for channel in self._channels.values():
-                for sub in channel.waiters:
-                    sub.active = False
-                    sub._wake()
-            self._channels.clear()
+            if isinstance(exc, ResponseError):
+                # NOPERM (an ACL without pub/sub) or an unknown command behind a proxy.
+                self._unavailable_until = time.monotonic() + UNAVAILABLE_FOR
+                log.warning("the server refuses pub/sub, waiters poll instead for %gs: %s", UNAVAILABLE_FOR, exc)
+            else:
+                log.warning("release notifications interrupted, waiters fall back to polling: %s", exc)
+            for waiter in self._table.reset():
+                waiter.wake()
             if self._pubsub is pubsub:
                 self._pubsub = None
             self._thread = None
+            self._lock.notify_all()
         try:
             pubsub.close()
         except (RedisError, OSError):  # pragma: no cover

@@ -16,5 +16,6 @@ if tonumber(holds) > 1 then
   return 2
 end
 redis.call('DEL', KEYS[1])
-redis.call('PUBLISH', KEYS[1] .. ':released', 'released')
+-- pcall: a server user without pub/sub rights still releases; its waiters poll instead.
+redis.pcall('PUBLISH', KEYS[1] .. ':released', 'released')
 return 1
