@@ -177,9 +177,10 @@ class _LockAspect:
             ) from exc
         return check_key(key)
 
-    def __call__(
-        self, wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> Any:
+    def prepare(
+        self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[_Resolved, str, dict[str, Any]]:
+        """Per call, before any I/O: the options, the bound arguments and the rendered key."""
         resolved = self.resolve(at_call=True)
         assert resolved is not None
         if instance is None:
@@ -188,18 +189,34 @@ class _LockAspect:
             names, skip = self._names.bind(args, kwargs), int(self._names.method_like)
         else:
             names, skip = self._names.bind((instance, *args), kwargs), 1
-        key = self.render(resolved, names, skip)
-        client = self.client or config.default_client()
-        executor = resolved.executor if resolved.executor_set else client.executor
+        return resolved, self.render(resolved, names, skip), names
+
+    def failure(self, resolved: _Resolved, key: str, names: dict[str, Any]) -> Callable[[LockNotAcquired], Any] | None:
+        """``on_failure`` bound to this call (its result may be awaitable for async calls)."""
         on_failure = resolved.on_failure
         if on_failure is None:
-            return client._run(key, resolved.spec, executor, wrapped, args, kwargs)
+            return None
         qualname = self._names.qualname
 
         def failed(exc: LockNotAcquired) -> Any:
             return on_failure(FailureContext(key, qualname, names, exc.waited, exc))
 
-        return client._run(key, resolved.spec, executor, wrapped, args, kwargs, failed)
+        return failed
+
+    def __call__(
+        self, wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        resolved, key, names = self.prepare(instance, args, kwargs)
+        client = self.client or config.default_client()
+        executor = resolved.executor if resolved.executor_set else client.executor
+        return client._run(key, resolved.spec, executor, wrapped, args, kwargs, self.failure(resolved, key, names))
+
+    async def acall(
+        self, wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        resolved, key, names = self.prepare(instance, args, kwargs)
+        client = self.client or config.default_client()
+        return await client._arun(key, resolved.spec, wrapped, args, kwargs, self.failure(resolved, key, names))
 
 
 def distributed_lock(
@@ -257,8 +274,8 @@ def distributed_lock(
         KeyTemplateError: At decoration, for a malformed template or a name the function
             does not have; at call time (before any store I/O, the body not run) when the
             key cannot be rendered for the arguments.
-        ConfigurationError: At decoration, for bad options, generator functions and (for
-            now) ``async def`` functions.
+        ConfigurationError: At decoration, for bad options, generator functions, and
+            ``async def`` functions given an executor.
         TypeError: At decoration, for options of the wrong type.
 
     At call time the decorated function raises what the body raises, plus
@@ -313,14 +330,24 @@ def distributed_lock(
                 "the lock would be released when the generator is created, not when it is done; "
                 "lock inside the generator with client.lock() instead"
             )
-        if inspect.iscoroutinefunction(target):
+        is_async = inspect.iscoroutinefunction(target)
+        if is_async and explicit.get("executor") not in (None, "inline"):
             raise ConfigurationError(
-                f"@distributed_lock does not support async def functions yet "
-                f"({target.__qualname__}); asyncio support is planned. Use client.lock() in a "
-                "thread, or a sync function, for now"
+                f"executor= does not apply to async def {target.__qualname__}(): its body runs as a "
+                "task on the running event loop"
             )
         aspect = _LockAspect(target, key, explicit, client, policy)
         aspect.resolve(at_call=False)
+
+        if is_async:
+
+            @wrapt.decorator
+            async def async_wrapper(
+                wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+            ) -> Any:
+                return await aspect.acall(wrapped, instance, args, kwargs)
+
+            return cast(F, async_wrapper(function))
 
         @wrapt.decorator
         def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

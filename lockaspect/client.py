@@ -5,17 +5,20 @@ default executor, and runs the acquire / run / release cycle for the decorator a
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import inspect
 import logging
 import os
-import secrets
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
+from os import urandom as _urandom
 from types import TracebackType
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 from . import _policy
@@ -25,7 +28,7 @@ from .executor import Outcome, check_executor, run_body
 from .keys import check_key
 from .lease import _HELD, Lease, _find_held, _push
 from .timer import HashedWheelTimer
-from .watchdog import Watchdog
+from .watchdog import LoopRenewer, Watchdog
 
 __all__ = ["ClientStats", "LockClient", "LockSpec"]
 
@@ -110,6 +113,124 @@ class ClientStats:
 
 
 _DEFAULT_SPEC = LockSpec()
+
+
+class _Plan(NamedTuple):
+    watchdog: bool
+    lease_time: float
+    delay_weight: float
+
+
+def _token() -> str:
+    """A fresh owner token: 128 bits from the OS CSPRNG (what ``secrets`` uses)."""
+    return _urandom(16).hex()
+
+
+class _LoopState:
+    """What a client keeps per event loop: the loop's async backend (connections belong to
+    one loop), its renewer, its waiter slots, and background tasks it must not lose."""
+
+    __slots__ = ("_closed", "_guard", "backend", "loop", "renewer", "slots", "tasks")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, backend: Any, renewer: LoopRenewer) -> None:
+        self.loop = loop
+        self.backend = backend
+        self.renewer = renewer
+        self.slots: dict[str, _AsyncSlot] = {}
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self._closed = False
+        # asyncio.run() (and any runner calling loop.shutdown_asyncgens()) finalises the loop's
+        # async generators before closing it: a started one closes this loop's connections
+        # even if nobody awaits client.aclose().
+        self._guard = _close_at_shutdown(self)
+        step = self._guard.asend(None)
+        try:
+            step.send(None)
+        except StopIteration:
+            pass
+
+    def spawn(self, coro: Any) -> asyncio.Task[Any]:
+        task: asyncio.Task[Any] = self.loop.create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task
+
+    def join_slot(self, key: str) -> _AsyncSlot:
+        slot = self.slots.get(key)
+        if slot is None:
+            slot = self.slots[key] = _AsyncSlot()
+        slot.users += 1
+        return slot
+
+    def leave_slot(self, key: str, slot: _AsyncSlot) -> None:
+        slot.users -= 1
+        if slot.users == 0 and self.slots.get(key) is slot:
+            del self.slots[key]
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        pending = [task for task in self.tasks if not task.done()]
+        if pending:
+            await asyncio.wait(pending)
+        for task in list(self.renewer.tasks):
+            task.cancel()
+        if self.renewer.tasks:
+            await asyncio.wait(list(self.renewer.tasks))
+        await self.backend.aclose()
+
+
+async def _close_at_shutdown(state: _LoopState) -> AsyncGenerator[None, None]:
+    try:
+        yield
+    finally:
+        await state.close()
+
+
+class _AsyncSlot:
+    """:class:`_Slot` for one event loop's tasks."""
+
+    __slots__ = ("lock", "users")
+
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()
+        self.users = 0
+
+
+class _LostCancel:
+    """Cancels a locked body's task when its lease is lost (called from any thread)."""
+
+    __slots__ = ("fired", "loop", "task")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any]) -> None:
+        self.loop = loop
+        self.task = task
+        self.fired = False
+
+    def __call__(self) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self._cancel)
+        except RuntimeError:  # the loop is closed: nothing left to cancel
+            pass
+
+    def _cancel(self) -> None:
+        if not self.task.done():
+            self.fired = True
+            self.task.cancel()
+
+
+async def _shielded(state: _LoopState, coro: Any) -> Any:
+    """Run ``coro`` in a task of its own and wait for it; a cancellation of the caller
+    interrupts the wait, not the task (which the loop state keeps a reference to)."""
+    return await asyncio.shield(state.spawn(coro))
+
+
+def _cancelling() -> bool:
+    """Whether the current task has a cancellation of its own pending (Python 3.11+)."""
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)
+    return bool(cancelling()) if cancelling is not None else False
 
 
 class _Slot:
@@ -240,6 +361,8 @@ class LockClient:
         self._held_keys: dict[str, int] = {}
         self._epoch = 0  # bumped in a forked child: its inherited leases are the parent's
         self._slots: dict[str, _Slot] = {}  # key -> this process's sync waiters for it
+        self._states: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = weakref.WeakKeyDictionary()
+        self._last_state: _LoopState | None = None
         _clients.add(self)
 
     @classmethod
@@ -400,13 +523,32 @@ class LockClient:
 
     def _acquire(self, key: str, spec: LockSpec) -> Lease:
         """Re-enter a lease this context holds on ``key``, or take the lock."""
+        held = self._held_here(key)
+        if held is not None:
+            return self._reenter(held)
+        plan = self._plan(spec)
+        token = _token()
+        sent = self._clock()
+        result = self._try(key, token, plan.lease_time)
+        if not result.acquired:
+            result, sent = self._wait(key, token, plan.lease_time, spec, sent, result)
+        try:
+            return self._new_lease(key, token, result, spec, plan, sent, None)
+        except BaseException:
+            self._discard(key, token)
+            raise
+
+    # -- steps shared by the sync and async engines (no I/O) ------------------------------
+
+    def _held_here(self, key: str) -> Lease | None:
+        """The lease this context holds on ``key`` (a re-entry), checking the client is open."""
         if self._closed:
             raise ConfigurationError("this LockClient is closed", key=key)
         # Walk this context's held leases only if this client holds the key at all, so
         # taking many distinct locks in one context stays O(1) per lock.
-        held = _find_held(self, key) if key in self._held_keys else None
-        if held is not None:
-            return self._reenter(held)
+        return _find_held(self, key) if key in self._held_keys else None
+
+    def _plan(self, spec: LockSpec) -> _Plan:
         watchdog = spec.lease is None
         delay_weight = self.delay_weight if spec.delay_weight is None else spec.delay_weight
         if watchdog:
@@ -417,37 +559,79 @@ class LockClient:
             lease_time = spec.lease  # type: ignore[assignment]
         if spec.max_hold is not None and spec.max_hold < lease_time:
             lease_time = spec.max_hold
-        token = secrets.token_hex(16)
-        sent = self._clock()
-        result = self._try(key, token, lease_time)
-        if not result.acquired:
-            result, sent = self._wait(key, token, lease_time, spec, sent, result)
+        return _Plan(watchdog, lease_time, delay_weight)
+
+    def _new_lease(
+        self, key: str, token: str, result: AcquireResult, spec: LockSpec, plan: _Plan, sent: float, renewer: Any
+    ) -> Lease:
+        """The lease for an acquisition, registered with the watchdog and counted."""
         lease = Lease(
             client=self,
             key=key,
             token=token,
             fencing_token=result.fencing_token,
-            lease_time=lease_time,
-            watchdog=watchdog,
-            delay_weight=delay_weight,
+            lease_time=plan.lease_time,
+            watchdog=plan.watchdog,
+            delay_weight=plan.delay_weight,
             sent_at=sent,
             max_hold=spec.max_hold,
             on_lost=spec.on_lost,
+            renewer=renewer,
         )
-        try:
-            if watchdog:
-                self._watchdog.register(lease)
-            else:
-                self._watchdog.watch(lease)
-        except BaseException:
-            self._discard(key, token)
-            raise
+        if plan.watchdog:
+            self._watchdog.register(lease)
+        else:
+            self._watchdog.watch(lease)
         with self._count_lock:
             self._counts["acquired"] += 1
             self._held += 1
             held_keys = self._held_keys
             held_keys[key] = held_keys.get(key, 0) + 1
         return lease
+
+    def _release_begin(self, lease: Lease) -> tuple[bool, Any] | None:
+        """Drop one hold. ``None``: nothing to do in the store. Else ``(last, batch)``: wait for
+        ``batch`` (an in-flight renewal) if there is one, then call :meth:`_release_ready`."""
+        if lease._epoch != self._epoch:
+            # A forked child unwinding a block its parent entered: the lock is the parent's.
+            lease._exit()
+            return None
+        last = lease._exit()
+        return last, (self._watchdog.cancel(lease) if last else None)
+
+    def _release_ready(self, lease: Lease, last: bool) -> bool:
+        """Bookkeeping once renewal stopped; ``True`` if the release must go to the store."""
+        if last:
+            with self._count_lock:
+                self._held -= 1
+                held_keys = self._held_keys
+                left = held_keys.get(lease.key, 0) - 1
+                if left > 0:
+                    held_keys[lease.key] = left
+                else:
+                    held_keys.pop(lease.key, None)
+            if lease._lost_reason is None and self._clock() >= lease._expires_at:
+                self._lost_here(lease, "expired")
+        return lease._lost_reason != "not-owner"  # else nothing of ours is left in the store
+
+    def _release_done(self, lease: Lease, last: bool, code: ReleaseResult | BackendError) -> None:
+        """Act on the store's answer to a release (or on its failure)."""
+        if isinstance(code, BackendError):
+            release_log.warning(
+                "release of %r failed; the key expires with its lease (at most %.1fs): %s",
+                lease.key,
+                lease.lease_time,
+                code,
+            )
+        elif code == ReleaseResult.NOT_OWNER:
+            self._lost_here(lease, "not-owner")
+        elif code == ReleaseResult.RELEASED:
+            with self._count_lock:
+                self._counts["released"] += 1
+            if not last:
+                release_log.warning("%r was released while a re-entrant hold remained", lease.key)
+        elif last:
+            release_log.warning("%r is still held by this owner after its last release", lease.key)
 
     def _try(self, key: str, token: str, lease_time: float) -> AcquireResult:
         try:
@@ -598,44 +782,20 @@ class LockClient:
         Never raises for store trouble: a release that fails leaves a key that expires
         with its lease, and the work done under the lock is not undone by it.
         """
-        if lease._epoch != self._epoch:
-            # A forked child unwinding a block its parent entered: the lock is the parent's.
-            lease._exit()
+        begun = self._release_begin(lease)
+        if begun is None:
             return
-        last = lease._exit()
-        if last:
-            self._watchdog.cancel(lease)
-            with self._count_lock:
-                self._held -= 1
-                held_keys = self._held_keys
-                left = held_keys.get(lease.key, 0) - 1
-                if left > 0:
-                    held_keys[lease.key] = left
-                else:
-                    held_keys.pop(lease.key, None)
-            if lease._lost_reason is None and self._clock() >= lease._expires_at:
-                self._lost_here(lease, "expired")
-        if lease._lost_reason == "not-owner":
-            return  # nothing of ours is left in the store
+        last, batch = begun
+        if batch is not None:
+            batch.done.wait()
+        if not self._release_ready(lease, last):
+            return
+        code: ReleaseResult | BackendError
         try:
             code = self.backend.release(lease.key, lease.token)
         except BackendError as exc:
-            release_log.warning(
-                "release of %r failed; the key expires with its lease (at most %.1fs): %s",
-                lease.key,
-                lease.lease_time,
-                exc,
-            )
-            return
-        if code == ReleaseResult.NOT_OWNER:
-            self._lost_here(lease, "not-owner")
-        elif code == ReleaseResult.RELEASED:
-            with self._count_lock:
-                self._counts["released"] += 1
-            if not last:
-                release_log.warning("%r was released while a re-entrant hold remained", lease.key)
-        elif last:
-            release_log.warning("%r is still held by this owner after its last release", lease.key)
+            code = exc
+        self._release_done(lease, last, code)
 
     def _release_when_done(self, lease: Lease, outcome: Outcome) -> None:
         assert outcome.future is not None
@@ -739,6 +899,282 @@ class LockClient:
             raise exception
         return outcome.result
 
+    # -- the asyncio engine: the twins of the methods above, sharing every step -----------
+
+    def _loop_state(self) -> _LoopState:
+        """The running loop's async backend, renewer and waiter slots, made on first use."""
+        loop = asyncio.get_running_loop()
+        state = self._last_state
+        if state is not None and state.loop is loop:
+            return state
+        with self._count_lock:
+            state = self._states.get(loop)
+            if state is None:
+                twin = getattr(self.backend, "asyncio_twin", None)
+                if twin is None:
+                    raise ConfigurationError(f"{type(self.backend).__name__} has no asyncio support")
+                backend = twin()
+                state = _LoopState(loop, backend, LoopRenewer(self._watchdog, loop, backend))
+                self._states[loop] = state
+        self._last_state = state
+        return state
+
+    async def _aacquire(self, key: str, spec: LockSpec) -> Lease:
+        held = self._held_here(key)
+        state = self._loop_state()
+        if held is not None:
+            return await self._areenter(held, state)
+        plan = self._plan(spec)
+        token = _token()
+        sent = self._clock()
+        result = await self._atry(state, key, token, plan.lease_time)
+        if not result.acquired:
+            result, sent = await self._await(state, key, token, plan.lease_time, spec, sent, result)
+        try:
+            return self._new_lease(key, token, result, spec, plan, sent, state.renewer)
+        except BaseException:
+            await self._adiscard(state, key, token)
+            raise
+
+    async def _atry(self, state: _LoopState, key: str, token: str, lease_time: float) -> AcquireResult:
+        try:
+            result: AcquireResult = await state.backend.acquire(key, token, lease_time)
+        except BaseException:
+            # Cancelled or failed after the request may have reached the store: release the
+            # token before giving up (a release with a token that holds nothing is a no-op).
+            await self._adiscard(state, key, token)
+            raise
+        return result
+
+    async def _adiscard(self, state: _LoopState, key: str, token: str) -> None:
+        async def discard() -> None:
+            try:
+                await state.backend.release(key, token)
+            except BackendError:
+                pass
+
+        await _shielded(state, discard())
+
+    async def _await(
+        self,
+        state: _LoopState,
+        key: str,
+        token: str,
+        lease_time: float,
+        spec: LockSpec,
+        start: float,
+        result: AcquireResult,
+    ) -> tuple[AcquireResult, float]:
+        """:meth:`_wait` for a task: queue behind this loop's other waiters for ``key``."""
+        deadline = _policy.wait_deadline(start, spec.wait)
+        if deadline is not None and self._clock() >= deadline:
+            raise self._not_acquired(key, spec, start, result, 1)
+        slot = state.join_slot(key)
+        try:
+            if deadline is None:
+                await slot.lock.acquire()
+            else:
+                try:
+                    await asyncio.wait_for(slot.lock.acquire(), max(0.0, deadline - self._clock()))
+                except asyncio.TimeoutError:
+                    raise self._not_acquired(key, spec, start, result, 1) from None
+            try:
+                return await self._await_turn(state, key, token, lease_time, spec, start, deadline, result)
+            finally:
+                slot.lock.release()
+        finally:
+            state.leave_slot(key, slot)
+
+    async def _await_turn(
+        self,
+        state: _LoopState,
+        key: str,
+        token: str,
+        lease_time: float,
+        spec: LockSpec,
+        start: float,
+        deadline: float | None,
+        result: AcquireResult,
+    ) -> tuple[AcquireResult, float]:
+        clock = self._clock
+        notifier = state.backend.notifier() if self._notify and spec.wait_strategy == "notify" else None
+        subscription: Any = None
+        attempt = 0
+        tries = 1
+        try:
+            while True:
+                now = clock()
+                if deadline is not None and now >= deadline:
+                    raise self._not_acquired(key, spec, start, result, tries)
+                if notifier is not None and subscription is None:
+                    remaining = SUBSCRIBE_TIMEOUT if deadline is None else min(SUBSCRIBE_TIMEOUT, deadline - now)
+                    subscription = await notifier.subscribe(key, remaining)
+                    # Subscribed: retry at once, the holder may have released meanwhile.
+                else:
+                    pause = _policy.retry_sleep(
+                        now=now,
+                        deadline=deadline,
+                        holder_ttl=result.holder_ttl,
+                        attempt=attempt,
+                        notified=subscription is not None and subscription.active,
+                    )
+                    if subscription is not None:
+                        await subscription.wait(pause)
+                    else:
+                        await asyncio.sleep(pause)
+                    attempt += 1
+                sent = clock()
+                result = await self._atry(state, key, token, lease_time)
+                tries += 1
+                if result.acquired:
+                    return result, sent
+        finally:
+            if subscription is not None and notifier is not None:
+                notifier.unsubscribe(subscription)
+
+    async def _areenter(self, lease: Lease, state: _LoopState) -> Lease:
+        if lease.lost:
+            raise LockLost(
+                f"cannot re-enter {lease.key!r}: its lease is lost ({lease.lost_reason})",
+                key=lease.key,
+                reason=lease.lost_reason or "expired",
+                lease=lease,
+            )
+        # Shielded, and awaited to the end even when the caller is cancelled: a re-entry that
+        # ran in the store added a hold that must be given back, and only its answer tells.
+        attempt = state.spawn(state.backend.reenter(lease.key, lease.token))
+        try:
+            result = await asyncio.shield(attempt)
+        except asyncio.CancelledError:
+            with contextlib.suppress(BaseException):
+                result = await attempt
+                if result.acquired:
+                    await _shielded(state, state.backend.release(lease.key, lease.token))
+            raise
+        if not result.acquired:
+            self._lost_here(lease, "not-owner")
+            raise LockLost(
+                f"cannot re-enter {lease.key!r}: the store no longer has it for this owner",
+                key=lease.key,
+                reason="not-owner",
+                lease=lease,
+            )
+        lease._enter()
+        with self._count_lock:
+            self._counts["reentered"] += 1
+        return lease
+
+    async def _arelease(self, lease: Lease, state: _LoopState) -> None:
+        """:meth:`_release` for a task; run it through :meth:`_arelease_shielded`."""
+        begun = self._release_begin(lease)
+        if begun is None:
+            return
+        last, batch = begun
+        if batch is not None:
+            await batch.done.wait()
+        if not self._release_ready(lease, last):
+            return
+        code: ReleaseResult | BackendError
+        try:
+            code = await state.backend.release(lease.key, lease.token)
+        except BackendError as exc:
+            code = exc
+        self._release_done(lease, last, code)
+
+    async def _arelease_shielded(self, lease: Lease, state: _LoopState) -> None:
+        """Release in a task of its own: a caller cancelled meanwhile stops waiting, the
+        release does not (and never waits on anything but its own round trip and, at most,
+        one renewal round trip of the same lease)."""
+        await _shielded(state, self._arelease(lease, state))
+
+    async def _arun(
+        self,
+        key: str,
+        spec: LockSpec,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        on_failure: Callable[[LockNotAcquired], Any] | None = None,
+    ) -> Any:
+        """:meth:`_run` for ``async def``: the body runs as a task, cancelled if the lease is lost."""
+        try:
+            lease = await self._aacquire(key, spec)
+        except LockNotAcquired as exc:
+            if on_failure is None:
+                raise
+            value = on_failure(exc)
+            return await value if inspect.isawaitable(value) else value
+        state = self._loop_state()
+        loop = state.loop
+        held = _push(lease)
+        try:
+            body = loop.create_task(fn(*args, **kwargs))  # a copy of this context: it holds the lease
+        except BaseException:
+            _HELD.reset(held)
+            await self._arelease_shielded(lease, state)
+            raise
+        _HELD.reset(held)
+        lost_cancel = _LostCancel(loop, body)
+        lease._add_lost_waiter(lost_cancel)
+        try:
+            result = await body
+        except asyncio.CancelledError as exc:
+            if not body.done():
+                # We were cancelled: the body got the cancellation too; let it finish its own
+                # cleanup before the lock goes.
+                await asyncio.wait({body})
+            await self._arelease_shielded(lease, state)
+            if lost_cancel.fired and not _cancelling():
+                raise LockLost(
+                    f"lease on {key!r} lost ({lease.lost_reason or 'expired'}); the body was cancelled",
+                    key=key,
+                    reason=lease.lost_reason or "expired",
+                    lease=lease,
+                    exception=exc,
+                ) from exc
+            raise
+        except BaseException as exc:
+            await self._arelease_shielded(lease, state)
+            if lease.lost and isinstance(exc, Exception):
+                reason = lease.lost_reason or "expired"
+                raise LockLost(
+                    f"lease on {key!r} lost ({reason}) before the call completed",
+                    key=key,
+                    reason=reason,
+                    lease=lease,
+                    exception=exc,
+                ) from exc
+            raise
+        await self._arelease_shielded(lease, state)
+        if lease.lost:
+            reason = lease.lost_reason or "expired"
+            raise LockLost(
+                f"lease on {key!r} lost ({reason}) before the call completed",
+                key=key,
+                reason=reason,
+                lease=lease,
+                result=result,
+            )
+        return result
+
+    async def aclose(self) -> None:
+        """Close the running event loop's connections, then the whole client (:meth:`close`).
+
+        Pending releases are awaited first. Other loops' connections are dropped with their
+        loops. Idempotent.
+        """
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        with self._count_lock:
+            state = self._states.pop(loop, None) if loop is not None else None
+            if self._last_state is state:
+                self._last_state = None
+        if state is not None:
+            await state.close()
+        self.close()
+
     def _reset_after_fork(self) -> None:
         self._timer._reset_after_fork()
         self._watchdog._reset_after_fork()
@@ -750,14 +1186,21 @@ class LockClient:
         self._counts = dict.fromkeys(self._counts, 0)
         self._held = 0
         self._held_keys = {}
+        self._states = weakref.WeakKeyDictionary()
+        self._last_state = None
         self._epoch += 1
         self._watchdog.stats = type(self._watchdog.stats)()
 
 
 class LockBlock:
-    """The context manager returned by :meth:`LockClient.lock`."""
+    """The context manager returned by :meth:`LockClient.lock`, for ``with`` and ``async with``.
 
-    __slots__ = ("_client", "_key", "_lease", "_spec", "_token")
+    ``async with`` takes the lock without blocking the event loop and, if the lease is lost
+    while the block runs, cancels the task running the block; the block then ends with
+    :class:`~lockaspect.LockLost` (chained to that cancellation) instead of ``CancelledError``.
+    """
+
+    __slots__ = ("_active", "_client", "_key", "_lease", "_lost_cancel", "_spec", "_token")
 
     def __init__(self, client: LockClient, key: str, spec: LockSpec) -> None:
         self._client = client
@@ -765,6 +1208,7 @@ class LockBlock:
         self._spec = spec
         self._lease: Lease | None = None
         self._token: Any = None
+        self._lost_cancel: _LostCancel | None = None
 
     def __enter__(self) -> Lease:
         if self._lease is not None:
@@ -786,15 +1230,75 @@ class LockBlock:
             _HELD.reset(self._token)
         finally:
             self._client._release(lease)
-        if lease.lost and (exc is None or isinstance(exc, Exception)):
-            reason = lease.lost_reason or "expired"
-            raise LockLost(
-                f"lease on {lease.key!r} lost ({reason}) before the block completed",
-                key=lease.key,
-                reason=reason,
-                lease=lease,
-                exception=exc,
-            ) from exc
+        _raise_if_lost(lease, exc)
+
+    async def __aenter__(self) -> Lease:
+        if self._lease is not None:
+            raise RuntimeError("this lock block is already entered; call client.lock() again")
+        lease = await self._client._aacquire(self._key, self._spec)
+        self._lease = lease
+        self._token = _push(lease)
+        task = asyncio.current_task()
+        if task is not None:
+            self._lost_cancel = _LostCancel(asyncio.get_running_loop(), task)
+            lease._add_lost_waiter(self._lost_cancel)
+        return lease
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        lease, self._lease = self._lease, None
+        assert lease is not None
+        lost_cancel, self._lost_cancel = self._lost_cancel, None
+        if lost_cancel is not None:
+            lost_cancel.task = _DONE  # from here on a loss must not cancel the task
+        try:
+            _HELD.reset(self._token)
+        finally:
+            await self._client._arelease_shielded(lease, self._client._loop_state())
+        if lost_cancel is not None and lost_cancel.fired and isinstance(exc, asyncio.CancelledError):
+            task = asyncio.current_task()
+            uncancel = getattr(task, "uncancel", None)
+            if uncancel is not None:
+                uncancel()  # the cancellation was ours, not the caller's
+            if not _cancelling():
+                reason = lease.lost_reason or "expired"
+                raise LockLost(
+                    f"lease on {lease.key!r} lost ({reason}); the block was cancelled",
+                    key=lease.key,
+                    reason=reason,
+                    lease=lease,
+                    exception=exc,
+                ) from exc
+        _raise_if_lost(lease, exc)
+
+
+def _raise_if_lost(lease: Lease, exc: BaseException | None) -> None:
+    if lease.lost and (exc is None or isinstance(exc, Exception)):
+        reason = lease.lost_reason or "expired"
+        raise LockLost(
+            f"lease on {lease.key!r} lost ({reason}) before the block completed",
+            key=lease.key,
+            reason=reason,
+            lease=lease,
+            exception=exc,
+        ) from exc
+
+
+class _Done:
+    """Stands in for a finished task in a :class:`_LostCancel` that must not cancel any more."""
+
+    def done(self) -> bool:
+        return True
+
+    def cancel(self) -> bool:
+        return False
+
+
+_DONE: Any = _Done()
 
 
 def _after_fork_in_child() -> None:

@@ -78,6 +78,7 @@ class Lease:
         "_lost_waiters",
         "_on_lost",
         "_renewed_at",
+        "_renewer",
         "_timeout",
         "_wd_state",
         "acquired_at",
@@ -101,6 +102,7 @@ class Lease:
         sent_at: float,
         max_hold: float | None,
         on_lost: Callable[[Lease], object] | None,
+        renewer: Any = None,
     ) -> None:
         self.key = key
         self.token = token
@@ -122,6 +124,8 @@ class Lease:
         self._lost_reason: str | None = None
         self._lost_waiters: list[Callable[[], object]] | None = None
         self._on_lost = on_lost
+        # The event loop's renewer for a lease taken by async code; None for sync code.
+        self._renewer = renewer
         self._wd_state = IDLE
         self._timeout: Timeout | None = None
         self._deadline: Timeout | None = None

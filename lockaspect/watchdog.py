@@ -21,11 +21,12 @@ Two library threads in all, however many leases: the timer and this watchdog.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from . import _policy
 from .errors import BackendError
@@ -52,10 +53,27 @@ class WatchdogStats:
 
 
 class _Batch:
+    """One renewal round trip of sync leases; ``cancel()`` waits on it."""
+
     __slots__ = ("done",)
 
     def __init__(self) -> None:
         self.done = threading.Event()
+
+    def finish(self) -> None:
+        self.done.set()
+
+
+class _LoopBatch:
+    """One renewal round trip of an event loop's leases; finished on that loop."""
+
+    __slots__ = ("done",)
+
+    def __init__(self) -> None:
+        self.done = asyncio.Event()
+
+    def finish(self) -> None:
+        self.done.set()
 
 
 class Watchdog:
@@ -84,6 +102,7 @@ class Watchdog:
         self._clock = clock
         self._cond = threading.Condition(threading.Lock())
         self._due: list[Lease] = []
+        self._loops_due: set[LoopRenewer] = set()
         self._failing = False  # for logging the start and end of an outage once each
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -105,9 +124,10 @@ class Watchdog:
             lease._wd_state = FINAL
             lease._deadline = self._timer.schedule(lease._expires_at, self._deadline_due, lease)
 
-    def cancel(self, lease: Lease) -> None:
-        """Stop renewing or watching ``lease``; wait for a renewal of it that is in flight,
-        so that nothing renews the key after the caller releases it."""
+    def cancel(self, lease: Lease) -> Any:
+        """Stop renewing or watching ``lease``. Returns the in-flight renewal batch the caller
+        must wait for (``batch.done``: a threading.Event for sync leases, an asyncio.Event for
+        a loop's) before it releases, so that nothing renews the key afterwards; or ``None``."""
         with self._cond:
             state = lease._wd_state
             lease._wd_state = CLOSED
@@ -115,8 +135,9 @@ class Watchdog:
             # Waiting keeps a renewal from landing after the release. A lost lease is not
             # ours to protect any more, and its round trip may be the one that hangs.
             batch = lease._batch if state == IN_FLIGHT and lease._lost_reason is None else None
-        if batch is not None and threading.current_thread() is not self._thread:
-            batch.done.wait()
+        if batch is not None and threading.current_thread() is self._thread:
+            return None  # a hook released from the watchdog thread itself: it cannot wait for itself
+        return batch
 
     def stop(self) -> None:
         with self._cond:
@@ -161,7 +182,12 @@ class Watchdog:
                 return
             lease._wd_state = QUEUED
             lease._timeout = None
-            self._due.append(lease)
+            renewer = lease._renewer
+            if renewer is None:
+                self._due.append(lease)
+            else:
+                renewer.due.append(lease)
+                self._loops_due.add(renewer)
             if lease._deadline is None:
                 # If the attempt stalls, the lease end still fires on time.
                 lease._deadline = self._timer.schedule(lease._expires_at, self._deadline_due, lease)
@@ -173,6 +199,22 @@ class Watchdog:
                     self._thread = threading.Thread(target=self._run, name="lockaspect-watchdog", daemon=True)
                     self._thread.start()
                 self._cond.notify()
+        if self._loops_due:
+            with self._cond:
+                renewers, self._loops_due = self._loops_due, set()
+            for renewer in renewers:
+                if not renewer.kick():
+                    self._drop(renewer)
+
+    def _drop(self, renewer: LoopRenewer) -> None:
+        """A loop closed with leases still renewing: stop watching them, quietly (they
+        expire in the store; their loop, and whatever ran on it, is gone)."""
+        with self._cond:
+            leases, renewer.due = renewer.due, []
+            for lease in leases:
+                lease._wd_state = CLOSED
+                self._cancel_timeouts(lease)
+        log.debug("dropped %d renewal(s) for a closed event loop", len(leases))
 
     def _deadline_due(self, lease: Lease) -> None:
         with self._cond:
@@ -191,48 +233,53 @@ class Watchdog:
         if lease._mark_lost(reason):
             self._lost(lease, reason)
 
-    # -- watchdog thread --------------------------------------------------------------
+    # -- the renewal round trip, shared by the watchdog thread and each LoopRenewer --------
+    #
+    # _take, _requests, _outcome and _apply do no I/O; the runners only add the round trip.
 
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._due and not self._stopping:
-                    self._cond.wait()
-                if self._stopping:
-                    return
-                batch = _Batch()
-                leases = []
-                for lease in self._due:
-                    if lease._wd_state == QUEUED:
-                        lease._wd_state = IN_FLIGHT
-                        lease._batch = batch
-                        leases.append(lease)
-                self._due = []
-            if leases:
-                self._renew(leases, batch)
+    def _take(self, due: list[Lease], batch: Any) -> list[Lease]:
+        """Move the still-queued leases of ``due`` in flight in ``batch``; empties ``due``."""
+        with self._cond:
+            leases = []
+            for lease in due:
+                if lease._wd_state == QUEUED:
+                    lease._wd_state = IN_FLIGHT
+                    lease._batch = batch
+                    leases.append(lease)
+            due.clear()
+        return leases
 
-    def _renew(self, leases: list[Lease], batch: _Batch) -> None:
+    def _requests(self, leases: list[Lease]) -> tuple[float, list[tuple[str, str, float]]]:
         sent = self._clock()
-        requests = [
+        self.stats.round_trips += 1
+        return sent, [
             (lease.key, lease.token, _policy.renewal_lease(sent, lease.lease_time, lease._hold_deadline))
             for lease in leases
         ]
-        stats = self.stats
-        stats.round_trips += 1
-        try:
-            statuses: list[bool] | None = self._backend.renew(requests)
-        except BackendError as exc:
-            stats.renewal_failures += len(leases)
+
+    def _outcome(self, count: int, error: BackendError | None) -> None:
+        """Account a round trip's success or failure, logging an outage once each way."""
+        if error is not None:
+            self.stats.renewal_failures += count
             if not self._failing:
                 self._failing = True
-                log.warning("renewals are failing, retrying until each lease ends: %s", exc)
+                log.warning("renewals are failing, retrying until each lease ends: %s", error)
             else:
-                log.debug("renewal round trip for %d lease(s) failed: %s", len(leases), exc)
-            statuses = None
-        else:
-            if self._failing:
-                self._failing = False
-                log.info("renewals succeed again")
+                log.debug("renewal round trip for %d lease(s) failed: %s", count, error)
+        elif self._failing:
+            self._failing = False
+            log.info("renewals succeed again")
+
+    def _apply(
+        self,
+        leases: list[Lease],
+        batch: Any,
+        sent: float,
+        requests: list[tuple[str, str, float]],
+        statuses: list[bool] | None,
+    ) -> None:
+        """Act on the store's answer (``None``: the round trip failed) and finish ``batch``."""
+        stats = self.stats
         lost: list[tuple[Lease, str]] = []
         try:
             with self._cond:
@@ -268,10 +315,35 @@ class Watchdog:
                         self._cancel_timeouts(lease)
                         lost.append((lease, "not-owner"))
         finally:
-            batch.done.set()
+            batch.finish()
         for lease, reason in lost:
             if lease._mark_lost(reason):
                 self._lost(lease, reason)
+
+    # -- watchdog thread: the runner for sync leases ------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._due and not self._stopping:
+                    self._cond.wait()
+                if self._stopping:
+                    return
+            batch = _Batch()
+            leases = self._take(self._due, batch)
+            if leases:
+                self._renew(leases, batch)
+
+    def _renew(self, leases: list[Lease], batch: _Batch) -> None:
+        sent, requests = self._requests(leases)
+        statuses: list[bool] | None = None
+        try:
+            statuses = self._backend.renew(requests)
+        except BackendError as exc:
+            self._outcome(len(leases), exc)
+        else:
+            self._outcome(len(leases), None)
+        self._apply(leases, batch, sent, requests, statuses)
 
     def _retry(self, lease: Lease, now: float) -> None:
         lease._attempt += 1
@@ -285,4 +357,56 @@ class Watchdog:
     def _reset_after_fork(self) -> None:
         self._cond = threading.Condition(threading.Lock())
         self._due = []
+        self._loops_due = set()
         self._thread = None
+
+
+class LoopRenewer:
+    """Renews one event loop's leases from that loop: no thread, and no task per lease.
+
+    The timer thread queues a loop's due leases here and, once per tick, asks the loop
+    (``call_soon_threadsafe``) to flush them: one task per tick sends them all in one round
+    trip with the loop's async backend, and the shared watchdog logic acts on the answer.
+    """
+
+    def __init__(self, watchdog: Watchdog, loop: asyncio.AbstractEventLoop, backend: Any) -> None:
+        self.watchdog = watchdog
+        self.loop = loop
+        self.backend = backend
+        self.due: list[Lease] = []
+        self.tasks: set[asyncio.Task[None]] = set()
+        self._kicked = False
+
+    def kick(self) -> bool:
+        """Ask the loop to flush (timer thread); ``False`` if the loop is closed."""
+        if self._kicked:
+            return True
+        self._kicked = True
+        try:
+            self.loop.call_soon_threadsafe(self._flush)
+        except RuntimeError:  # the loop is closed
+            return False
+        return True
+
+    def _flush(self) -> None:
+        self._kicked = False
+        batch = _LoopBatch()
+        leases = self.watchdog._take(self.due, batch)
+        if leases:
+            task = self.loop.create_task(self._renew(leases, batch))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+
+    async def _renew(self, leases: list[Lease], batch: _LoopBatch) -> None:
+        watchdog = self.watchdog
+        sent, requests = watchdog._requests(leases)
+        statuses: list[bool] | None = None
+        try:
+            statuses = await self.backend.renew(requests)
+        except BackendError as exc:
+            watchdog._outcome(len(leases), exc)
+        else:
+            watchdog._outcome(len(leases), None)
+        finally:
+            # Also on cancellation (the loop shutting down): the leases retry or run out.
+            watchdog._apply(leases, batch, sent, requests, statuses)

@@ -17,6 +17,8 @@ distinct lock name ever used.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import logging
 import os
@@ -33,7 +35,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 from redis.retry import Retry
 
-from ..errors import BackendError
+from ..errors import BackendError, ConfigurationError
 from ._channels import ChannelTable
 from .base import AcquireResult, Capability, ReleaseResult
 
@@ -217,36 +219,21 @@ def no_retry_client(url: str, **options: Any) -> redis.Redis:
     return redis.Redis.from_url(url, **options)
 
 
-class RedisBackend:
-    """A lock store on one Redis or Valkey server (6.2 or newer).
-
-    Args:
-        client: A ``redis.Redis`` client; it should not retry commands by itself
-            (see :func:`no_retry_client`).
-        namespace: Prefix of every key lockaspect writes, e.g. ``"lockaspect:"``.
-    """
+class _RedisLocks:
+    """What the sync and async backends share: the namespace, the scripts (per instance:
+    redis-py's Lock caches scripts on the class, bound to whichever client registered them
+    first), the key layout, and how requests are encoded and replies decoded. No I/O."""
 
     capabilities = Capability.RENEWABLE | Capability.BATCH_RENEW | Capability.RELEASE_NOTIFY | Capability.FENCING
 
-    def __init__(self, client: redis.Redis, *, namespace: str = "lockaspect:") -> None:
+    def __init__(self, namespace: str) -> None:
         if "{" in namespace or "}" in namespace:
             raise ValueError(f"namespace must not contain '{{' or '}}': {namespace!r}")
-        # Any: redis-py's command methods are only partly annotated.
-        self.redis: Any = client
         self.namespace = namespace
-        # Per instance, not per class: redis-py's Lock caches scripts on the class, bound
-        # to whichever client registered them first.
         self._acquire = LuaScript("acquire.lua")
         self._reenter = LuaScript("reenter.lua")
         self._release = LuaScript("release.lua")
         self._renew = LuaScript("renew.lua")
-        self._wire = _Wire(client)
-        self._notifier: RedisNotifier | None = None
-        self._notifier_lock = threading.Lock()
-
-    @classmethod
-    def from_url(cls, url: str, *, namespace: str = "lockaspect:", **options: Any) -> RedisBackend:
-        return cls(no_retry_client(url, **options), namespace=namespace)
 
     def lock_key(self, key: str) -> str:
         return f"{self.namespace}{{{key}}}"
@@ -257,30 +244,102 @@ class RedisBackend:
     def channel(self, key: str) -> str:
         return f"{self.namespace}{{{key}}}:released"
 
+    def _lock(self, key: str) -> bytes:
+        return f"{self.namespace}{{{key}}}".encode()
+
+    @staticmethod
+    def _acquired(reply: int) -> AcquireResult:
+        if reply > 0:
+            return AcquireResult(True, reply, 1)
+        return AcquireResult(False, holder_ttl=(-reply - 1) / 1000.0 if reply < 0 else None)
+
+    @staticmethod
+    def _reentered(holds: int) -> AcquireResult:
+        return AcquireResult(holds > 0, 0, holds)
+
+    def _queue_renewals(self, pipe: Any, leases: Sequence[tuple[str, str, float]]) -> None:
+        """Queue one EVALSHA per chunk of ``leases`` on a pipeline (sync or async: queueing
+        does no I/O in either)."""
+        namespace, sha = self.namespace, self._renew.sha
+        for i in range(0, len(leases), RENEW_CHUNK):
+            keys: list[str] = []
+            args: list[object] = []
+            for key, token, lease in leases[i : i + RENEW_CHUNK]:
+                keys.append(f"{namespace}{{{key}}}")
+                args.append(token)
+                args.append(_ms(lease))
+            pipe.execute_command("EVALSHA", sha, len(keys), *keys, *args)
+
+    @staticmethod
+    def _renewed(replies: list[Any]) -> list[bool]:
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return [bool(status) for reply in replies for status in reply]
+
+    @staticmethod
+    def _renew_error(exc: RedisError, leases: Sequence[tuple[str, str, float]]) -> BackendError:
+        first = leases[0][0] if len(leases) == 1 else None
+        return map_redis_error(exc, first, f"renewal of {len(leases)} lease(s)")
+
+
+class RedisBackend(_RedisLocks):
+    """A lock store on one Redis or Valkey server (6.2 or newer).
+
+    Args:
+        client: A ``redis.Redis`` client; it should not retry commands by itself
+            (see :func:`no_retry_client`).
+        namespace: Prefix of every key lockaspect writes, e.g. ``"lockaspect:"``.
+        url, options: How the client was built, so that :meth:`asyncio_twin` can build the
+            same for an event loop (set by :meth:`from_url`).
+    """
+
+    def __init__(
+        self, client: redis.Redis, *, namespace: str = "lockaspect:", url: str | None = None, **options: Any
+    ) -> None:
+        super().__init__(namespace)
+        # Any: redis-py's command methods are only partly annotated.
+        self.redis: Any = client
+        self._url = url
+        self._options = options
+        self._wire = _Wire(client)
+        self._notifier: RedisNotifier | None = None
+        self._notifier_lock = threading.Lock()
+
+    @classmethod
+    def from_url(cls, url: str, *, namespace: str = "lockaspect:", **options: Any) -> RedisBackend:
+        return cls(no_retry_client(url, **options), namespace=namespace, url=url, **options)
+
+    def asyncio_twin(self) -> AsyncRedisBackend:
+        """An :class:`AsyncRedisBackend` on the same server, namespace and options, for the
+        running event loop (asyncio connections belong to one loop)."""
+        if self._url is None:
+            raise ConfigurationError(
+                "asyncio needs a backend built with RedisBackend.from_url (or LockClient.from_url), "
+                "so that it can connect again from each event loop"
+            )
+        return AsyncRedisBackend.from_url(self._url, namespace=self.namespace, **self._options)
+
     def acquire(self, key: str, token: str, lease: float) -> AcquireResult:
-        lock = f"{self.namespace}{{{key}}}".encode()
+        lock = self._lock(key)
         try:
             reply = self._acquire.run(
                 self._wire, self.redis, (lock, lock + b":fence"), (token.encode(), b"%d" % _ms(lease))
             )
         except RedisError as exc:
             raise map_redis_error(exc, key, "acquire") from exc
-        if reply > 0:
-            return AcquireResult(True, reply, 1)
-        return AcquireResult(False, holder_ttl=(-reply - 1) / 1000.0 if reply < 0 else None)
+        return self._acquired(reply)
 
     def reenter(self, key: str, token: str) -> AcquireResult:
-        lock = f"{self.namespace}{{{key}}}".encode()
         try:
-            holds = self._reenter.run(self._wire, self.redis, (lock,), (token.encode(),))
+            holds = self._reenter.run(self._wire, self.redis, (self._lock(key),), (token.encode(),))
         except RedisError as exc:
             raise map_redis_error(exc, key, "re-enter") from exc
-        return AcquireResult(holds > 0, 0, holds)
+        return self._reentered(holds)
 
     def release(self, key: str, token: str) -> ReleaseResult:
-        lock = f"{self.namespace}{{{key}}}".encode()
         try:
-            code = self._release.run(self._wire, self.redis, (lock,), (token.encode(),))
+            code = self._release.run(self._wire, self.redis, (self._lock(key),), (token.encode(),))
         except RedisError as exc:
             raise map_redis_error(exc, key, "release") from exc
         return _RELEASE_CODES[code]
@@ -288,39 +347,18 @@ class RedisBackend:
     def renew(self, leases: Sequence[tuple[str, str, float]]) -> list[bool]:
         if not leases:
             return []
-        chunks = [leases[i : i + RENEW_CHUNK] for i in range(0, len(leases), RENEW_CHUNK)]
         try:
-            replies = self._renew_chunks(chunks)
-        except RedisError as exc:
-            first = leases[0][0] if len(leases) == 1 else None
-            raise map_redis_error(exc, first, f"renewal of {len(leases)} lease(s)") from exc
-        return [bool(status) for reply in replies for status in reply]
-
-    def _renew_chunks(self, chunks: list[Sequence[tuple[str, str, float]]]) -> list[Any]:
-        pipe = self.redis.pipeline(transaction=False)
-        for chunk in chunks:
-            self._queue_renew(pipe, chunk)
-        replies: list[Any] = pipe.execute(raise_on_error=False)
-        if any(isinstance(reply, NoScriptError) for reply in replies):
-            self.redis.execute_command("SCRIPT", "LOAD", self._renew.source)
             pipe = self.redis.pipeline(transaction=False)
-            for chunk in chunks:
-                self._queue_renew(pipe, chunk)
-            replies = pipe.execute(raise_on_error=False)
-        for reply in replies:
-            if isinstance(reply, Exception):
-                raise reply
-        return replies
-
-    def _queue_renew(self, pipe: Any, chunk: Sequence[tuple[str, str, float]]) -> None:
-        keys: list[str] = []
-        args: list[object] = []
-        namespace = self.namespace
-        for key, token, lease in chunk:
-            keys.append(f"{namespace}{{{key}}}")
-            args.append(token)
-            args.append(_ms(lease))
-        pipe.execute_command("EVALSHA", self._renew.sha, len(keys), *keys, *args)
+            self._queue_renewals(pipe, leases)
+            replies: list[Any] = pipe.execute(raise_on_error=False)
+            if any(isinstance(reply, NoScriptError) for reply in replies):
+                self.redis.execute_command("SCRIPT", "LOAD", self._renew.source)
+                pipe = self.redis.pipeline(transaction=False)
+                self._queue_renewals(pipe, leases)
+                replies = pipe.execute(raise_on_error=False)
+            return self._renewed(replies)
+        except RedisError as exc:
+            raise self._renew_error(exc, leases) from exc
 
     def notifier(self) -> RedisNotifier:
         with self._notifier_lock:
@@ -509,3 +547,301 @@ class RedisNotifier:
             pubsub.close()
         except (RedisError, OSError):  # pragma: no cover
             pass
+
+
+# -- asyncio ---------------------------------------------------------------------------------
+#
+# The twins of the classes above, for one event loop each (redis.asyncio connections belong
+# to the loop that made them). Everything that does no I/O is shared through _RedisLocks,
+# LuaScript and ChannelTable.
+
+
+def no_retry_async_client(url: str, **options: Any) -> Any:
+    """The ``redis.asyncio`` twin of :func:`no_retry_client`."""
+    import redis.asyncio
+    from redis.asyncio.retry import Retry as AsyncRetry
+
+    options.setdefault("socket_timeout", DEFAULT_SOCKET_TIMEOUT)
+    options.setdefault("socket_connect_timeout", DEFAULT_SOCKET_TIMEOUT)
+    options["retry"] = AsyncRetry(backoff=NoBackoff(), retries=0)
+    options["decode_responses"] = False
+    return redis.asyncio.Redis.from_url(url, **options)
+
+
+class _AsyncWire:
+    """:class:`_Wire` for one event loop: pre-packed lock commands over connections kept in
+    a LIFO list, checked before reuse (the loop reads a closed connection's EOF into its
+    stream as soon as it arrives), never sent twice."""
+
+    __slots__ = ("_client", "_free", "_make")
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        pool = getattr(client, "connection_pool", None)
+        make = getattr(pool, "make_connection", None)
+        usable = getattr(client, "connection", None) is None and callable(make)
+        self._make: Any = make if usable else None
+        self._free: list[Any] = []
+
+    async def call(self, packed: bytes, args: tuple[object, ...]) -> Any:
+        if self._make is None:
+            return await self._client.execute_command(*args)
+        free = self._free
+        try:
+            connection = free.pop()
+        except IndexError:
+            connection = self._make()
+        else:
+            reader = getattr(connection, "_reader", None)
+            if reader is not None and (reader.at_eof() or reader.exception() is not None):
+                await connection.disconnect(nowait=True)  # the server closed it: reconnect
+        try:
+            await connection.send_packed_command((packed,), check_health=False)
+            reply = await connection.read_response()
+        except ResponseError:
+            free.append(connection)  # the whole reply was read: the connection is clean
+            raise
+        except BaseException:
+            # A timeout or a cancellation (asyncio.wait_for, a cancelled caller) may leave
+            # half a reply on the socket: drop the connection, it reconnects on next use.
+            _abandon(connection)
+            free.append(connection)
+            raise
+        free.append(connection)
+        return reply
+
+    async def close(self) -> None:
+        free, self._free = self._free, []
+        for connection in free:
+            await connection.disconnect(nowait=True)
+
+
+def _abandon(connection: Any) -> None:
+    """Close an asyncio connection without awaiting (we may be handling a cancellation)."""
+    writer = getattr(connection, "_writer", None)
+    if writer is not None:
+        writer.close()
+    parser = getattr(connection, "_parser", None)
+    if parser is not None:
+        parser.on_disconnect()
+    connection._reader = connection._writer = None
+
+
+async def _run_async(
+    script: LuaScript, wire: _AsyncWire, client: Any, keys: tuple[bytes, ...], args: tuple[bytes, ...]
+) -> Any:
+    command = ("EVALSHA", script.sha, len(keys), *keys, *args)
+    try:
+        return await wire.call(script.packed(keys, args), command)
+    except NoScriptError:
+        await client.execute_command("SCRIPT", "LOAD", script.source)
+        return await wire.call(script.packed(keys, args), command)
+
+
+class AsyncRedisBackend(_RedisLocks):
+    """:class:`RedisBackend` for one asyncio event loop (``redis.asyncio``)."""
+
+    def __init__(self, client: Any, *, namespace: str = "lockaspect:") -> None:
+        super().__init__(namespace)
+        self.redis: Any = client
+        self._wire = _AsyncWire(client)
+        self._notifier: AsyncRedisNotifier | None = None
+
+    @classmethod
+    def from_url(cls, url: str, *, namespace: str = "lockaspect:", **options: Any) -> AsyncRedisBackend:
+        return cls(no_retry_async_client(url, **options), namespace=namespace)
+
+    async def acquire(self, key: str, token: str, lease: float) -> AcquireResult:
+        lock = self._lock(key)
+        try:
+            reply = await _run_async(
+                self._acquire, self._wire, self.redis, (lock, lock + b":fence"), (token.encode(), b"%d" % _ms(lease))
+            )
+        except RedisError as exc:
+            raise map_redis_error(exc, key, "acquire") from exc
+        return self._acquired(reply)
+
+    async def reenter(self, key: str, token: str) -> AcquireResult:
+        try:
+            holds = await _run_async(self._reenter, self._wire, self.redis, (self._lock(key),), (token.encode(),))
+        except RedisError as exc:
+            raise map_redis_error(exc, key, "re-enter") from exc
+        return self._reentered(holds)
+
+    async def release(self, key: str, token: str) -> ReleaseResult:
+        try:
+            code = await _run_async(self._release, self._wire, self.redis, (self._lock(key),), (token.encode(),))
+        except RedisError as exc:
+            raise map_redis_error(exc, key, "release") from exc
+        return _RELEASE_CODES[code]
+
+    async def renew(self, leases: Sequence[tuple[str, str, float]]) -> list[bool]:
+        if not leases:
+            return []
+        try:
+            pipe = self.redis.pipeline(transaction=False)
+            self._queue_renewals(pipe, leases)
+            replies: list[Any] = await pipe.execute(raise_on_error=False)
+            if any(isinstance(reply, NoScriptError) for reply in replies):
+                await self.redis.execute_command("SCRIPT", "LOAD", self._renew.source)
+                pipe = self.redis.pipeline(transaction=False)
+                self._queue_renewals(pipe, leases)
+                replies = await pipe.execute(raise_on_error=False)
+            return self._renewed(replies)
+        except RedisError as exc:
+            raise self._renew_error(exc, leases) from exc
+
+    def notifier(self) -> AsyncRedisNotifier:
+        if self._notifier is None:
+            self._notifier = AsyncRedisNotifier(self.redis, self.channel)
+        return self._notifier
+
+    async def aclose(self) -> None:
+        notifier, self._notifier = self._notifier, None
+        if notifier is not None:
+            await notifier.aclose()
+        await self._wire.close()
+        await self.redis.aclose()
+
+
+class _AsyncSubscription:
+    """An async waiter's registration for release messages of one lock."""
+
+    __slots__ = ("_event", "active", "channel")
+
+    def __init__(self, channel: bytes) -> None:
+        self.channel = channel
+        self._event = asyncio.Event()
+        self.active = False
+
+    async def wait(self, timeout: float) -> bool:
+        try:
+            await asyncio.wait_for(self._event.wait(), timeout)
+            return True
+        except asyncio.TimeoutError:
+            return False
+        finally:
+            self._event.clear()
+
+    def wake(self) -> None:
+        self._event.set()
+
+
+class AsyncRedisNotifier:
+    """:class:`RedisNotifier` for one event loop: one subscriber connection and one reader
+    task per loop. SUBSCRIBE/UNSUBSCRIBE are decided and sent under one asyncio lock, so they
+    reach the server in the order the table recorded them."""
+
+    def __init__(self, client: Any, channel_for: Any) -> None:
+        self._redis = client
+        self._channel_for = channel_for
+        self._table = ChannelTable()
+        self._send_lock = asyncio.Lock()
+        self._changed = asyncio.Condition()
+        self._pubsub: Any = None
+        self._reader: asyncio.Task[None] | None = None
+        self._closed = False
+        self._unavailable_until = 0.0
+
+    async def subscribe(self, key: str, timeout: float) -> _AsyncSubscription:
+        sub = _AsyncSubscription(self._channel_for(key).encode())
+        now = time.monotonic()
+        if self._closed or now < self._unavailable_until:
+            return sub
+        async with self._send_lock:
+            if self._table.join(sub):
+                try:
+                    await self._send("SUBSCRIBE", sub.channel)
+                except RedisError as exc:
+                    log.warning("cannot subscribe to %r, waiting by polling: %s", sub.channel, exc)
+                    self._table.leave(sub, now)
+                    return sub
+        if not self._table.subscribed(sub.channel):
+            try:
+                async with self._changed:
+                    await asyncio.wait_for(
+                        self._changed.wait_for(
+                            lambda: self._table.subscribed(sub.channel) or self._closed or self._pubsub is None
+                        ),
+                        timeout,
+                    )
+            except asyncio.TimeoutError:
+                pass
+        sub.active = self._table.subscribed(sub.channel)
+        return sub
+
+    def unsubscribe(self, subscription: Any) -> None:
+        self._table.leave(subscription, time.monotonic())
+
+    async def aclose(self) -> None:
+        self._closed = True
+        for waiter in self._table.reset():
+            waiter.wake()
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader
+        pubsub, self._pubsub = self._pubsub, None
+        if pubsub is not None:
+            with contextlib.suppress(Exception):
+                await pubsub.aclose()
+
+    # Called with self._send_lock held.
+    async def _send(self, command: str, name: bytes) -> None:
+        if self._pubsub is None:
+            self._pubsub = self._redis.pubsub(ignore_subscribe_messages=False)
+        if command == "SUBSCRIBE":
+            await self._pubsub.subscribe(name)
+        else:
+            await self._pubsub.unsubscribe(name)
+        if self._reader is None:
+            self._reader = asyncio.get_running_loop().create_task(self._read(), name="lockaspect-notifier")
+
+    async def _read(self) -> None:
+        while not self._closed:
+            pubsub = self._pubsub
+            if pubsub is None:
+                return
+            async with self._send_lock:
+                for name in self._table.idle(time.monotonic()):
+                    try:
+                        await self._send("UNSUBSCRIBE", name)
+                    except RedisError:
+                        break
+            try:
+                message = await pubsub.get_message(timeout=1.0)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - any failure ends this reader
+                await self._connection_lost(pubsub, exc)
+                return
+            if message is not None:
+                await self._dispatch(message)
+
+    async def _dispatch(self, message: dict[str, Any]) -> None:
+        kind = message["type"]
+        kind = kind.encode() if isinstance(kind, str) else kind
+        name = message["channel"]
+        if kind == b"message":
+            for waiter in self._table.message(name):
+                waiter.wake()
+        elif kind in (b"subscribe", b"unsubscribe") and self._table.reply(kind, name):
+            async with self._changed:
+                self._changed.notify_all()
+
+    async def _connection_lost(self, pubsub: Any, exc: BaseException) -> None:
+        if isinstance(exc, ResponseError):
+            self._unavailable_until = time.monotonic() + UNAVAILABLE_FOR
+            log.warning("the server refuses pub/sub, waiters poll instead for %gs: %s", UNAVAILABLE_FOR, exc)
+        else:
+            log.warning("release notifications interrupted, waiters fall back to polling: %s", exc)
+        for waiter in self._table.reset():
+            waiter.wake()
+        if self._pubsub is pubsub:
+            self._pubsub = None
+        self._reader = None
+        async with self._changed:
+            self._changed.notify_all()
+        with contextlib.suppress(Exception):
+            await pubsub.aclose()

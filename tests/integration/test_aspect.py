@@ -3,11 +3,13 @@ re-entry, busy locks and waiting, and every bad input the issue lists."""
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import math
 import re
 import threading
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from types import SimpleNamespace
 from typing import Any
@@ -690,24 +692,32 @@ class TestDecorationTimeBadOptions:
         with pytest.raises(ConfigurationError, match="generator"):
             distributed_lock(key="k", client=plain)(numbers)
 
-    def test_async_def_is_rejected_until_asyncio_support(self, plain: LockClient) -> None:
-        """An ``async def`` function is rejected at decoration, saying asyncio support comes later."""
+    def test_async_def_with_an_executor_is_rejected(self, plain: LockClient) -> None:
+        """An ``async def`` given an executor is a ConfigurationError at decoration: its body runs on the loop."""
 
         async def place() -> None:
             return None
 
-        with pytest.raises(ConfigurationError, match="asyncio support is planned"):
-            distributed_lock(key="k", client=plain)(place)
+        pool = ThreadPoolExecutor(max_workers=1)
+        try:
+            with pytest.raises(ConfigurationError, match="runs as a task on the running event loop"):
+                distributed_lock(key="k", client=plain, executor=pool)(place)
+        finally:
+            pool.shutdown()
 
-    def test_async_def_staticmethod_is_rejected(self, plain: LockClient) -> None:
-        """An ``async def`` inside ``@staticmethod`` is rejected too when the decorator is applied over it."""
-        with pytest.raises(ConfigurationError, match="async"):
+    def test_async_def_staticmethod_stays_a_coroutine_function(self, plain: LockClient) -> None:
+        """An ``async def`` staticmethod under the decorator is still a coroutine function, and runs locked."""
 
-            class Service:
-                @distributed_lock(key="k", client=plain)
-                @staticmethod
-                async def place() -> None:
-                    return None
+        class Service:
+            @distributed_lock(key="svc", client=plain)
+            @staticmethod
+            async def place() -> str:
+                lease = current_lease()
+                assert lease is not None
+                return lease.key
+
+        assert inspect.iscoroutinefunction(Service.place)
+        assert asyncio.run(Service.place()) == "svc"
 
     @pytest.mark.parametrize(
         "options",
