@@ -245,11 +245,32 @@ class _Slot:
 
 def _run_hook(lease: Lease) -> None:
     hook = lease._on_lost
-    if hook is not None:
+    if hook is None:
+        return
+    try:
+        result = hook(lease)
+    except Exception:  # noqa: BLE001 - a user hook must not break lockaspect
+        lost_log.exception("on_lost hook for %r raised", lease.key)
+        return
+    if inspect.isawaitable(result):
+        # An async hook: run it on the event loop of the code that holds the lease.
+        renewer = lease._renewer
         try:
-            hook(lease)
-        except Exception:  # noqa: BLE001 - a user hook must not break lockaspect
-            lost_log.exception("on_lost hook for %r raised", lease.key)
+            if renewer is None:
+                raise RuntimeError("the lease was taken by sync code: there is no loop to run it on")
+            asyncio.run_coroutine_threadsafe(_await_hook(lease, result), renewer.loop)
+        except RuntimeError as exc:
+            close = getattr(result, "close", None)
+            if close is not None:
+                close()
+            lost_log.error("async on_lost hook for %r not run: %s", lease.key, exc)
+
+
+async def _await_hook(lease: Lease, awaitable: Any) -> None:
+    try:
+        await awaitable
+    except Exception:  # noqa: BLE001 - a user hook must not break lockaspect
+        lost_log.exception("on_lost hook for %r raised", lease.key)
 
 
 class _HookRunner:
@@ -1116,6 +1137,7 @@ class LockClient:
         _HELD.reset(held)
         lost_cancel = _LostCancel(loop, body)
         lease._add_lost_waiter(lost_cancel)
+        body.add_done_callback(lambda _: lease._remove_lost_waiter(lost_cancel))
         try:
             result = await body
         except asyncio.CancelledError as exc:
@@ -1255,6 +1277,7 @@ class LockBlock:
         lost_cancel, self._lost_cancel = self._lost_cancel, None
         if lost_cancel is not None:
             lost_cancel.task = _DONE  # from here on a loss must not cancel the task
+            lease._remove_lost_waiter(lost_cancel)
         try:
             _HELD.reset(self._token)
         finally:

@@ -133,6 +133,7 @@ def run_body(
     done = threading.Event()
     future.add_done_callback(lambda _: done.set())
     lease._add_lost_waiter(done.set)
+    future.add_done_callback(lambda _: lease._remove_lost_waiter(done.set))
     try:
         # Inside the try: an interrupt can land in submit() after the body was queued
         # (ThreadPoolExecutor starts its worker thread after queueing), and the body must

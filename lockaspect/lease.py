@@ -211,6 +211,15 @@ class Lease:
                 return
         wake()
 
+    def _remove_lost_waiter(self, wake: Callable[[], object]) -> None:
+        with _BOOKKEEPING:
+            waiters = self._lost_waiters
+            if waiters is not None:
+                try:
+                    waiters.remove(wake)
+                except ValueError:
+                    pass
+
     def _enter(self) -> None:
         with _BOOKKEEPING:
             self._holds += 1
