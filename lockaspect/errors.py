@@ -56,6 +56,8 @@ class LockNotAcquired(LockError):
             or ``None`` if unknown.
     """
 
+    key: str
+
     def __init__(self, message: str, *, key: str, waited: float, holder_ttl: float | None = None) -> None:
         super().__init__(message, key=key)
         self.waited = waited
@@ -80,6 +82,8 @@ class LockLost(LockError):
         exception: The exception the body raised, if it raised (the ``LockLost`` is also
             chained to it).
     """
+
+    key: str
 
     def __init__(
         self,

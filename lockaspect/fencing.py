@@ -25,14 +25,34 @@ from __future__ import annotations
 
 from typing import Any
 
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError
 
 from .backends.redis import LuaScript, map_redis_error
 
-__all__ = ["RedisFence"]
+__all__ = ["AsyncRedisFence", "RedisFence"]
 
 
-class RedisFence:
+class _Fence:
+    """What the sync and async fences share: the key layout, the script, the checks."""
+
+    def __init__(self, redis: Any, *, namespace: str = "fenced:") -> None:
+        if "{" in namespace or "}" in namespace:
+            raise ValueError(f"namespace must not contain '{{' or '}}': {namespace!r}")
+        self.redis = redis
+        self.namespace = namespace
+        self._script = LuaScript("fenced_write.lua")
+
+    def key(self, resource: str) -> str:
+        """The Redis key holding ``resource``'s value."""
+        return f"{self.namespace}{{{resource}}}"
+
+    @staticmethod
+    def _check_token(fencing_token: object) -> None:
+        if isinstance(fencing_token, bool) or not isinstance(fencing_token, int):
+            raise TypeError(f"fencing_token must be an int, got {type(fencing_token).__name__}")
+
+
+class RedisFence(_Fence):
     """Fenced writes to string values in Redis.
 
     Args:
@@ -53,13 +73,6 @@ class RedisFence:
                 raise RuntimeError("stale writer: a newer lock holder already wrote")
     """
 
-    def __init__(self, redis: Any, *, namespace: str = "fenced:") -> None:
-        if "{" in namespace or "}" in namespace:
-            raise ValueError(f"namespace must not contain '{{' or '}}': {namespace!r}")
-        self.redis = redis
-        self.namespace = namespace
-        self._script = LuaScript("fenced_write.lua")
-
     @classmethod
     def for_client(cls, client: Any, *, namespace: str = "fenced:") -> RedisFence:
         """A fence on the same Redis as a :class:`~lockaspect.LockClient` built by ``from_url``."""
@@ -68,18 +81,13 @@ class RedisFence:
             raise TypeError(f"{type(client.backend).__name__} is not a Redis backend")
         return cls(redis, namespace=namespace)
 
-    def key(self, resource: str) -> str:
-        """The Redis key holding ``resource``'s value."""
-        return f"{self.namespace}{{{resource}}}"
-
     def write(self, resource: str, value: str | bytes | int | float, fencing_token: int) -> bool:
         """Store ``value`` unless a newer fencing token already wrote ``resource``.
 
         Returns ``True`` when written, ``False`` when rejected as stale. Raises
         :class:`~lockaspect.BackendError` when the store cannot be reached.
         """
-        if isinstance(fencing_token, bool) or not isinstance(fencing_token, int):
-            raise TypeError(f"fencing_token must be an int, got {type(fencing_token).__name__}")
+        self._check_token(fencing_token)
         key = self.key(resource)
         try:
             reply = self._script(self.redis, (key, key + ":fence"), (fencing_token, value))
@@ -99,6 +107,52 @@ class RedisFence:
         """The newest fencing token that wrote ``resource`` (``None`` if never written)."""
         try:
             mark = self.redis.get(self.key(resource) + ":fence")
+        except RedisError as exc:
+            raise map_redis_error(exc, resource, "read") from exc
+        return None if mark is None else int(mark)
+
+
+class AsyncRedisFence(_Fence):
+    """:class:`RedisFence` for asyncio code, on a ``redis.asyncio.Redis`` client.
+
+    Example::
+
+        fence = AsyncRedisFence(redis.asyncio.Redis.from_url(url))
+
+        @distributed_lock(key="ledger:<account>")
+        async def post(account, amount):
+            if not await fence.write(f"ledger:{account}", str(amount), current_lease().fencing_token):
+                raise RuntimeError("stale writer: a newer lock holder already wrote")
+    """
+
+    async def write(self, resource: str, value: str | bytes | int | float, fencing_token: int) -> bool:
+        """:meth:`RedisFence.write`, awaited."""
+        self._check_token(fencing_token)
+        key = self.key(resource)
+        try:
+            reply = await self.redis.evalsha(self._script.sha, 2, key, key + ":fence", fencing_token, value)
+        except NoScriptError:
+            try:
+                await self.redis.script_load(self._script.source)
+                reply = await self.redis.evalsha(self._script.sha, 2, key, key + ":fence", fencing_token, value)
+            except RedisError as exc:
+                raise map_redis_error(exc, resource, "fenced write") from exc
+        except RedisError as exc:
+            raise map_redis_error(exc, resource, "fenced write") from exc
+        return bool(reply[0] == 1)
+
+    async def read(self, resource: str) -> bytes | None:
+        """:meth:`RedisFence.read`, awaited."""
+        try:
+            value: bytes | None = await self.redis.get(self.key(resource))
+        except RedisError as exc:
+            raise map_redis_error(exc, resource, "read") from exc
+        return value
+
+    async def high_water(self, resource: str) -> int | None:
+        """:meth:`RedisFence.high_water`, awaited."""
+        try:
+            mark = await self.redis.get(self.key(resource) + ":fence")
         except RedisError as exc:
             raise map_redis_error(exc, resource, "read") from exc
         return None if mark is None else int(mark)
