@@ -452,7 +452,11 @@ class RedisNotifier:
                     self._send("SUBSCRIBE", sub.channel)
                 except RedisError as exc:
                     log.warning("cannot subscribe to %r, waiting by polling: %s", sub.channel, exc)
-                    self._table.leave(sub, now)
+                    # Nothing will answer that SUBSCRIBE: forget the subscriber connection's
+                    # channels, as when the reader loses it, or this one waits for it forever.
+                    for waiter in self._table.reset():
+                        if waiter is not sub:
+                            waiter.wake()
                     return sub
             # Stop waiting when the reader gave up (it resets the table and clears _pubsub).
             while not self._table.subscribed(sub.channel) and not self._closed and self._pubsub is not None:
@@ -568,6 +572,10 @@ def no_retry_async_client(url: str, **options: Any) -> Any:
     return redis.asyncio.Redis.from_url(url, **options)
 
 
+#: Above this many buffered bytes an async lock command waits for the socket to drain.
+_WRITE_HIGH_WATER = 64 * 1024
+
+
 class _AsyncWire:
     """:class:`_Wire` for one event loop: pre-packed lock commands over connections kept in
     a LIFO list, checked before reuse (the loop reads a closed connection's EOF into its
@@ -596,7 +604,17 @@ class _AsyncWire:
             if reader is not None and (reader.at_eof() or reader.exception() is not None):
                 await connection.disconnect(nowait=True)  # the server closed it: reconnect
         try:
-            await connection.send_packed_command((packed,), check_health=False)
+            writer = getattr(connection, "_writer", None)
+            if writer is None or not connection.is_connected:
+                await connection.send_packed_command((packed,), check_health=False)
+            else:
+                # redis.asyncio wraps every write in asyncio.wait_for (a task and a timer per
+                # command) when a socket timeout is set. A write only appends to the transport's
+                # buffer; drain, under the timeout, only when the buffer is past its high-water
+                # mark. The read below keeps redis-py's own timeout.
+                writer.write(packed)
+                if writer.transport.get_write_buffer_size() > _WRITE_HIGH_WATER:
+                    await asyncio.wait_for(writer.drain(), connection.socket_timeout)
             reply = await connection.read_response()
         except ResponseError:
             free.append(connection)  # the whole reply was read: the connection is clean
@@ -754,7 +772,11 @@ class AsyncRedisNotifier:
                     await self._send("SUBSCRIBE", sub.channel)
                 except RedisError as exc:
                     log.warning("cannot subscribe to %r, waiting by polling: %s", sub.channel, exc)
-                    self._table.leave(sub, now)
+                    # Nothing will answer that SUBSCRIBE: forget the subscriber connection's
+                    # channels, as when the reader loses it, or this one waits for it forever.
+                    for waiter in self._table.reset():
+                        if waiter is not sub:
+                            waiter.wake()
                     return sub
         if not self._table.subscribed(sub.channel):
             try:
