@@ -78,6 +78,8 @@ class ChannelTable:
         if channel.expected:
             return False
         channel.state = _SUBSCRIBED if kind == b"subscribe" else _UNSUBSCRIBED
+        if channel.state == _UNSUBSCRIBED and not channel.waiters:
+            del self._channels[name]  # else one entry would stay per key ever waited on
         return True
 
     def message(self, name: bytes) -> list[Waiter]:

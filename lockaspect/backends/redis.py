@@ -305,6 +305,7 @@ class RedisBackend(_RedisLocks):
         self._wire = _Wire(client)
         self._notifier: RedisNotifier | None = None
         self._notifier_lock = threading.Lock()
+        self._closed = False
 
     @classmethod
     def from_url(cls, url: str, *, namespace: str = "lockaspect:", **options: Any) -> RedisBackend:
@@ -360,8 +361,10 @@ class RedisBackend(_RedisLocks):
         except RedisError as exc:
             raise self._renew_error(exc, leases) from exc
 
-    def notifier(self) -> RedisNotifier:
+    def notifier(self) -> RedisNotifier | None:
         with self._notifier_lock:
+            if self._closed:
+                return None
             if self._notifier is None:
                 self._notifier = RedisNotifier(self.redis, self.channel)
             return self._notifier
@@ -374,6 +377,7 @@ class RedisBackend(_RedisLocks):
 
     def close(self) -> None:
         with self._notifier_lock:
+            self._closed = True
             notifier, self._notifier = self._notifier, None
         if notifier is not None:
             notifier.close()
