@@ -130,12 +130,21 @@ class _LoopState:
     """What a client keeps per event loop: the loop's async backend (connections belong to
     one loop), its renewer, its waiter slots, and background tasks it must not lose."""
 
-    __slots__ = ("_closed", "_guard", "backend", "loop", "renewer", "slots", "tasks")
+    __slots__ = ("_closed", "_forget", "_guard", "backend", "loop", "renewer", "slots", "tasks")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, backend: Any, renewer: LoopRenewer) -> None:
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        backend: Any,
+        renewer: LoopRenewer,
+        forget: Callable[[_LoopState], None] | None = None,
+    ) -> None:
         self.loop = loop
         self.backend = backend
         self.renewer = renewer
+        # Called when the state closes, so the client drops it (the state refers to its loop:
+        # kept in the client, it would keep every closed loop alive).
+        self._forget = forget
         self.slots: dict[str, _AsyncSlot] = {}
         self.tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
@@ -171,6 +180,8 @@ class _LoopState:
         if self._closed:
             return
         self._closed = True
+        if self._forget is not None:
+            self._forget(self)
         pending = [task for task in self.tasks if not task.done()]
         if pending:
             await asyncio.wait(pending)
@@ -231,6 +242,18 @@ def _cancelling() -> bool:
     task = asyncio.current_task()
     cancelling = getattr(task, "cancelling", None)
     return bool(cancelling()) if cancelling is not None else False
+
+
+def _raise_if_cancel_lost() -> None:
+    """Raise the cancellation this task was sent but never saw, before waiting any longer.
+
+    On Python < 3.12 ``asyncio.wait_for``, which redis-py wraps around every socket write,
+    returns normally when a cancellation lands just as the write completes. A waiter that
+    went on waiting would then ignore its caller's timeout (until the lock frees, maybe
+    never). Python 3.11+ still counts the request (``Task.cancelling()``); 3.10 cannot tell.
+    """
+    if _cancelling():
+        raise asyncio.CancelledError
 
 
 class _Slot:
@@ -721,6 +744,8 @@ class LockClient:
                 now = clock()
                 if deadline is not None and now >= deadline:
                     raise self._not_acquired(key, spec, start, result, tries)
+                if self._closed:
+                    raise ConfigurationError("the LockClient was closed while waiting", key=key)
                 if notifier is not None and subscription is None:
                     remaining = SUBSCRIBE_TIMEOUT if deadline is None else min(SUBSCRIBE_TIMEOUT, deadline - now)
                     subscription = notifier.subscribe(key, remaining)
@@ -807,7 +832,10 @@ class LockClient:
         if begun is None:
             return
         last, batch = begun
-        if batch is not None:
+        if batch is not None and lease._renewer is None:
+            # Only a thread-renewed lease's round trip can be waited for here: an async lease's
+            # runs on its event loop. renew.lua extends only a key its token still owns, so a
+            # renewal that lands after this release changes nothing.
             batch.done.wait()
         if not self._release_ready(lease, last):
             return
@@ -935,10 +963,18 @@ class LockClient:
                 if twin is None:
                     raise ConfigurationError(f"{type(self.backend).__name__} has no asyncio support")
                 backend = twin()
-                state = _LoopState(loop, backend, LoopRenewer(self._watchdog, loop, backend))
+                state = _LoopState(loop, backend, LoopRenewer(self._watchdog, loop, backend), self._forget_state)
                 self._states[loop] = state
         self._last_state = state
         return state
+
+    def _forget_state(self, state: _LoopState) -> None:
+        """Drop a closing loop's state (see :class:`_LoopState`)."""
+        with self._count_lock:
+            if self._states.get(state.loop) is state:
+                del self._states[state.loop]
+            if self._last_state is state:
+                self._last_state = None
 
     async def _aacquire(self, key: str, spec: LockSpec) -> Lease:
         held = self._held_here(key)
@@ -987,6 +1023,7 @@ class LockClient:
         result: AcquireResult,
     ) -> tuple[AcquireResult, float]:
         """:meth:`_wait` for a task: queue behind this loop's other waiters for ``key``."""
+        _raise_if_cancel_lost()
         deadline = _policy.wait_deadline(start, spec.wait)
         if deadline is not None and self._clock() >= deadline:
             raise self._not_acquired(key, spec, start, result, 1)
@@ -1024,9 +1061,12 @@ class LockClient:
         tries = 1
         try:
             while True:
+                _raise_if_cancel_lost()
                 now = clock()
                 if deadline is not None and now >= deadline:
                     raise self._not_acquired(key, spec, start, result, tries)
+                if self._closed:
+                    raise ConfigurationError("the LockClient was closed while waiting", key=key)
                 if notifier is not None and subscription is None:
                     remaining = SUBSCRIBE_TIMEOUT if deadline is None else min(SUBSCRIBE_TIMEOUT, deadline - now)
                     subscription = await notifier.subscribe(key, remaining)
@@ -1091,7 +1131,8 @@ class LockClient:
         if begun is None:
             return
         last, batch = begun
-        if batch is not None:
+        if batch is not None and lease._renewer is not None and lease._renewer.loop is state.loop:
+            # Only this loop's renewal round trip can be awaited (see _release).
             await batch.done.wait()
         if not self._release_ready(lease, last):
             return
