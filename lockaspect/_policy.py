@@ -24,6 +24,10 @@ MIN_SAFETY_MARGIN: Final = 0.1
 RETRY_BASE: Final = 0.025
 RETRY_CAP: Final = 0.5
 
+#: Longest a notified waiter sleeps before checking again by itself: a wake-up can be lost
+#: (a waiter ahead in the queue gave up just as the lock was released, a message dropped).
+NOTIFY_RECHECK: Final = 1.0
+
 #: Bounds for the sleep between acquire attempts when no release message arrives.
 POLL_FLOOR: Final = 0.005
 POLL_CAP: Final = 2.0
@@ -158,9 +162,9 @@ def retry_sleep(
 ) -> float:
     """How long a waiter sleeps before its next acquire attempt.
 
-    With release notifications (``notified``) the waiter can sleep until the holder's lease
-    would end (the PTTL hint) because a release wakes it earlier; the hint plus a little
-    jitter only guards against a lost message. Without notifications it backs off
+    With release notifications (``notified``) the waiter sleeps until the holder's lease
+    would end (the PTTL hint), at most :data:`NOTIFY_RECHECK`, because a release wakes it
+    earlier; the bound only guards against a lost wake-up. Without notifications it backs off
     exponentially from :data:`POLL_FLOOR`, never past the hint or :data:`POLL_CAP`. The
     result never passes the wait deadline and is never negative.
     """
@@ -168,8 +172,8 @@ def retry_sleep(
     backoff = min(POLL_FLOOR * (1 << min(attempt, 16)), POLL_CAP)
     if holder_ttl is None or holder_ttl <= 0:
         holder_ttl = backoff
-    if notified:  # a release wakes us: sleep out the hint, plus jitter against lost messages
-        sleep = holder_ttl + min(0.05, holder_ttl * 0.1) * jitter
+    if notified:  # a release wakes us; recheck now and then in case the wake-up was lost
+        sleep = min(holder_ttl, NOTIFY_RECHECK) * (1.0 + 0.1 * jitter)
     else:  # polling: jittered backoff, never past the hint
         sleep = min(holder_ttl, backoff) * (0.5 + 0.5 * jitter)
     sleep = max(sleep, POLL_FLOOR * jitter)

@@ -572,15 +572,27 @@ class LockClient:
             return self._reenter(held)
         plan = self._plan(spec)
         token = _token()
+        waiter = self._early_waiter(key, spec)
         sent = self._clock()
-        result = self._try(key, token, plan.lease_time)
+        result = self._try(key, token, plan.lease_time, waiter)
         if not result.acquired:
-            result, sent = self._wait(key, token, plan.lease_time, spec, sent, result)
+            result, sent = self._wait(key, token, plan.lease_time, spec, sent, result, waiter is not None)
         try:
             return self._new_lease(key, token, result, spec, plan, sent, None)
         except BaseException:
             self._discard(key, token)
             raise
+
+    def _early_waiter(self, key: str, spec: LockSpec) -> str | None:
+        """The waiter id a first attempt may queue under: when the caller would wait and this
+        process already listens for ``key``'s wake-ups, a busy first attempt queues at once
+        (one round trip fewer per contended acquisition)."""
+        if spec.wait == 0 or spec.wait_strategy != "notify" or not self._notify:
+            return None
+        notifier = self.backend.notifier()
+        if notifier is None or not notifier.listening(key):
+            return None
+        return notifier.waiter_id
 
     # -- steps shared by the sync and async engines (no I/O) ------------------------------
 
@@ -677,9 +689,13 @@ class LockClient:
         elif last:
             release_log.warning("%r is still held by this owner after its last release", lease.key)
 
-    def _try(self, key: str, token: str, lease_time: float) -> AcquireResult:
+    def _try(
+        self, key: str, token: str, lease_time: float, waiter: str | None = None, front: bool = False
+    ) -> AcquireResult:
         try:
-            return self.backend.acquire(key, token, lease_time)
+            if waiter is None:
+                return self.backend.acquire(key, token, lease_time)
+            return self.backend.acquire(key, token, lease_time, waiter, front)
         except BaseException:
             # The request may have reached the store before the failure (a timeout, an
             # interrupt): make sure it leaves no lock behind.
@@ -700,9 +716,11 @@ class LockClient:
         spec: LockSpec,
         start: float,
         result: AcquireResult,
+        queued: bool = False,
     ) -> tuple[AcquireResult, float]:
         """Wait for a busy lock: queue behind this process's other waiters for ``key``, then
-        retry on each release message (or by bounded polling) until the deadline."""
+        retry on each release message (or by bounded polling) until the deadline. ``queued``:
+        the failed attempt already put this process in the lock's waiter queue."""
         deadline = _policy.wait_deadline(start, spec.wait)
         if deadline is not None and self._clock() >= deadline:
             raise self._not_acquired(key, spec, start, result, 1)
@@ -713,12 +731,19 @@ class LockClient:
         slot = self._join_slot(key)
         try:
             # Same-process waiters coalesce: only the one holding the slot talks to the store.
-            if deadline is None:
+            if slot.users > 1:
+                queued = False  # others of ours wait too: one of them may have used our place
+            if slot.lock.acquire(blocking=False):
+                pass
+            elif deadline is None:
+                queued = False  # others of ours went first: our place in the queue may be gone
                 slot.lock.acquire()
-            elif not slot.lock.acquire(timeout=max(0.0, deadline - self._clock())):
+            elif slot.lock.acquire(timeout=max(0.0, deadline - self._clock())):
+                queued = False
+            else:
                 raise self._not_acquired(key, spec, start, result, 1)
             try:
-                return self._wait_turn(key, token, lease_time, spec, start, deadline, result)
+                return self._wait_turn(key, token, lease_time, spec, start, deadline, result, slot, queued)
             finally:
                 slot.lock.release()
         finally:
@@ -733,10 +758,14 @@ class LockClient:
         start: float,
         deadline: float | None,
         result: AcquireResult,
+        slot: _Slot,
+        queued: bool,
     ) -> tuple[AcquireResult, float]:
         clock = self._clock
         notifier = self.backend.notifier() if self._notify and spec.wait_strategy == "notify" else None
         subscription: Subscription | None = None
+        waiter: str | None = None  # our id in the lock's waiter queue, once subscribed
+        woken = False
         attempt = 0
         tries = 1
         try:
@@ -749,7 +778,12 @@ class LockClient:
                 if notifier is not None and subscription is None:
                     remaining = SUBSCRIBE_TIMEOUT if deadline is None else min(SUBSCRIBE_TIMEOUT, deadline - now)
                     subscription = notifier.subscribe(key, remaining)
-                    # Subscribed: retry at once, the holder may have released meanwhile.
+                    if subscription.active:
+                        waiter = notifier.waiter_id
+                        if queued:
+                            continue  # queued by the failed attempt: wait for the wake-up
+                    # Subscribed: retry at once (and queue for a wake-up), the holder may have
+                    # released meanwhile.
                 else:
                     pause = _policy.retry_sleep(
                         now=now,
@@ -759,18 +793,27 @@ class LockClient:
                         notified=subscription is not None and subscription.active,
                     )
                     if subscription is not None:
-                        subscription.wait(pause)
+                        woken = subscription.wait(pause)
                     else:
                         time.sleep(pause)
                     attempt += 1
                 sent = clock()
-                result = self._try(key, token, lease_time)
+                # Woken for this release but beaten to it: keep the head of the queue.
+                result = self._try(key, token, lease_time, waiter, woken)
                 tries += 1
                 if result.acquired:
+                    waiter = None  # the acquire script took us off the queue
                     return result, sent
         finally:
             if subscription is not None and notifier is not None:
                 notifier.unsubscribe(subscription)
+            if waiter is not None and slot.users == 1:
+                # Gave up with no other waiter of ours to take over: leave the queue, so a
+                # release wakes someone still waiting.
+                try:
+                    self.backend.unqueue(key, waiter)
+                except BackendError:
+                    pass
 
     def _not_acquired(
         self, key: str, spec: LockSpec, start: float, result: AcquireResult, tries: int
@@ -983,19 +1026,41 @@ class LockClient:
             return await self._areenter(held, state)
         plan = self._plan(spec)
         token = _token()
+        waiter = self._early_async_waiter(state, key, spec)
         sent = self._clock()
-        result = await self._atry(state, key, token, plan.lease_time)
+        result = await self._atry(state, key, token, plan.lease_time, waiter)
         if not result.acquired:
-            result, sent = await self._await(state, key, token, plan.lease_time, spec, sent, result)
+            result, sent = await self._await(state, key, token, plan.lease_time, spec, sent, result, waiter is not None)
         try:
             return self._new_lease(key, token, result, spec, plan, sent, state.renewer)
         except BaseException:
             await self._adiscard(state, key, token)
             raise
 
-    async def _atry(self, state: _LoopState, key: str, token: str, lease_time: float) -> AcquireResult:
+    def _early_async_waiter(self, state: _LoopState, key: str, spec: LockSpec) -> str | None:
+        """:meth:`_early_waiter` for a loop's notifier."""
+        if spec.wait == 0 or spec.wait_strategy != "notify" or not self._notify:
+            return None
+        notifier = state.backend.notifier()
+        if not notifier.listening(key):
+            return None
+        waiter: str = notifier.waiter_id
+        return waiter
+
+    async def _atry(
+        self,
+        state: _LoopState,
+        key: str,
+        token: str,
+        lease_time: float,
+        waiter: str | None = None,
+        front: bool = False,
+    ) -> AcquireResult:
         try:
-            result: AcquireResult = await state.backend.acquire(key, token, lease_time)
+            if waiter is None:
+                result: AcquireResult = await state.backend.acquire(key, token, lease_time)
+            else:
+                result = await state.backend.acquire(key, token, lease_time, waiter, front)
         except BaseException:
             # Cancelled or failed after the request may have reached the store: release the
             # token before giving up (a release with a token that holds nothing is a no-op).
@@ -1021,6 +1086,7 @@ class LockClient:
         spec: LockSpec,
         start: float,
         result: AcquireResult,
+        queued: bool = False,
     ) -> tuple[AcquireResult, float]:
         """:meth:`_wait` for a task: queue behind this loop's other waiters for ``key``."""
         _raise_if_cancel_lost()
@@ -1029,15 +1095,23 @@ class LockClient:
             raise self._not_acquired(key, spec, start, result, 1)
         slot = state.join_slot(key)
         try:
-            if deadline is None:
+            if slot.users > 1:
+                queued = False  # others of ours wait too: one of them may have used our place
+            if not slot.lock.locked():
+                await slot.lock.acquire()  # free: taken at once, without a suspension
+            elif deadline is None:
+                queued = False  # others of ours went first: our place in the queue may be gone
                 await slot.lock.acquire()
             else:
+                queued = False
                 try:
                     await asyncio.wait_for(slot.lock.acquire(), max(0.0, deadline - self._clock()))
                 except asyncio.TimeoutError:
                     raise self._not_acquired(key, spec, start, result, 1) from None
             try:
-                return await self._await_turn(state, key, token, lease_time, spec, start, deadline, result)
+                return await self._await_turn(
+                    state, key, token, lease_time, spec, start, deadline, result, slot, queued
+                )
             finally:
                 slot.lock.release()
         finally:
@@ -1053,10 +1127,14 @@ class LockClient:
         start: float,
         deadline: float | None,
         result: AcquireResult,
+        slot: _AsyncSlot,
+        queued: bool,
     ) -> tuple[AcquireResult, float]:
         clock = self._clock
         notifier = state.backend.notifier() if self._notify and spec.wait_strategy == "notify" else None
         subscription: Any = None
+        waiter: str | None = None
+        woken = False
         attempt = 0
         tries = 1
         try:
@@ -1070,7 +1148,12 @@ class LockClient:
                 if notifier is not None and subscription is None:
                     remaining = SUBSCRIBE_TIMEOUT if deadline is None else min(SUBSCRIBE_TIMEOUT, deadline - now)
                     subscription = await notifier.subscribe(key, remaining)
-                    # Subscribed: retry at once, the holder may have released meanwhile.
+                    if subscription.active:
+                        waiter = notifier.waiter_id
+                        if queued:
+                            continue  # queued by the failed attempt: wait for the wake-up
+                    # Subscribed: retry at once (and queue for a wake-up), the holder may have
+                    # released meanwhile.
                 else:
                     pause = _policy.retry_sleep(
                         now=now,
@@ -1080,18 +1163,31 @@ class LockClient:
                         notified=subscription is not None and subscription.active,
                     )
                     if subscription is not None:
-                        await subscription.wait(pause)
+                        woken = await subscription.wait(pause)
                     else:
                         await asyncio.sleep(pause)
                     attempt += 1
                 sent = clock()
-                result = await self._atry(state, key, token, lease_time)
+                # Woken for this release but beaten to it: keep the head of the queue.
+                result = await self._atry(state, key, token, lease_time, waiter, woken)
                 tries += 1
                 if result.acquired:
+                    waiter = None  # the acquire script took us off the queue
                     return result, sent
         finally:
             if subscription is not None and notifier is not None:
                 notifier.unsubscribe(subscription)
+            if waiter is not None and slot.users == 1:
+                # Gave up with no other waiter of ours to take over: leave the queue (shielded:
+                # this may run while the waiter is being cancelled).
+                async def unqueue() -> None:
+                    try:
+                        await state.backend.unqueue(key, waiter)
+                    except BackendError:
+                        pass
+
+                with contextlib.suppress(BaseException):
+                    await _shielded(state, unqueue())
 
     async def _areenter(self, lease: Lease, state: _LoopState) -> Lease:
         if lease.lost:

@@ -29,14 +29,20 @@ class Waiter(Protocol):
     def wake(self) -> None: ...
 
 
+#: A wake-up that arrives while no local waiter listens (it queued with an attempt made just
+#: before it registered here) is kept this long for the next waiter to register.
+PENDING_WAKE = 0.25
+
+
 class _Channel:
-    __slots__ = ("expected", "idle_since", "state", "waiters")
+    __slots__ = ("expected", "idle_since", "pending_until", "state", "waiters")
 
     def __init__(self) -> None:
         self.state = _UNSUBSCRIBED
         self.expected: list[bytes] = []
         self.waiters: set[Waiter] = set()
         self.idle_since = 0.0
+        self.pending_until = 0.0
 
 
 class ChannelTable:
@@ -45,12 +51,16 @@ class ChannelTable:
     def __init__(self) -> None:
         self._channels: dict[bytes, _Channel] = {}
 
-    def join(self, waiter: Waiter) -> bool:
-        """Register ``waiter``; ``True`` when the caller must now send SUBSCRIBE."""
+    def join(self, waiter: Waiter, now: float = 0.0) -> bool:
+        """Register ``waiter``; ``True`` when the caller must now send SUBSCRIBE. A wake-up
+        that arrived for nobody within :data:`PENDING_WAKE` before ``now`` wakes it at once."""
         channel = self._channels.get(waiter.channel)
         if channel is None:
             channel = self._channels[waiter.channel] = _Channel()
         channel.waiters.add(waiter)
+        if channel.pending_until > now:
+            channel.pending_until = 0.0
+            waiter.wake()
         if channel.state in (_UNSUBSCRIBED, _UNSUBSCRIBING):
             channel.state = _SUBSCRIBING
             channel.expected.append(b"subscribe")
@@ -82,10 +92,15 @@ class ChannelTable:
             del self._channels[name]  # else one entry would stay per key ever waited on
         return True
 
-    def message(self, name: bytes) -> list[Waiter]:
-        """The waiters a release message on ``name`` wakes."""
+    def message(self, name: bytes, now: float = 0.0) -> list[Waiter]:
+        """The waiters a release message on ``name`` wakes; with none, the wake-up is kept
+        for :data:`PENDING_WAKE` (see :meth:`join`)."""
         channel = self._channels.get(name)
-        return [] if channel is None else list(channel.waiters)
+        if channel is None:
+            return []
+        if not channel.waiters:
+            channel.pending_until = now + PENDING_WAKE
+        return list(channel.waiters)
 
     def idle(self, now: float) -> list[bytes]:
         """Subscribed channels idle long enough to unsubscribe; marked as being unsubscribed."""

@@ -78,10 +78,18 @@ class Subscription(Protocol):
 class Notifier(Protocol):
     """Delivers release messages to local waiters over one shared connection."""
 
+    #: The id under which this notifier's waiters queue for a lock: a release wakes the
+    #: first queued waiter, on a channel of that waiter's own.
+    waiter_id: str
+
     def subscribe(self, key: str, timeout: float) -> Subscription:
         """Register for release messages of ``key``; waits up to ``timeout`` for the store
         to confirm. A subscription that is not confirmed reports ``active == False`` and
         the waiter falls back to bounded polling."""
+        ...
+
+    def listening(self, key: str) -> bool:
+        """Whether wake-ups of ``key`` already reach this notifier."""
         ...
 
     def unsubscribe(self, subscription: Subscription) -> None: ...
@@ -94,12 +102,20 @@ class Backend(Protocol):
 
     capabilities: Capability
 
-    def acquire(self, key: str, token: str, lease: float) -> AcquireResult:
+    def acquire(
+        self, key: str, token: str, lease: float, waiter: str | None = None, front: bool = False
+    ) -> AcquireResult:
         """Take ``key`` for ``token`` for ``lease`` seconds, or report the holder's TTL.
 
         Idempotent for a token that already holds the lock (a retried request does not
-        add a hold): re-entry is :meth:`reenter`.
+        add a hold): re-entry is :meth:`reenter`. With ``waiter`` (a notifier's
+        ``waiter_id``), a busy attempt queues that waiter for a wake-up on release (at the
+        head with ``front``), and a successful one takes it off the queue.
         """
+        ...
+
+    def unqueue(self, key: str, waiter: str) -> None:
+        """Take ``waiter`` off ``key``'s queue: it stopped waiting."""
         ...
 
     def reenter(self, key: str, token: str) -> AcquireResult:

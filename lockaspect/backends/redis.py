@@ -4,7 +4,8 @@ Key layout for a lock rendered as ``order:42`` in namespace ``lockaspect:``::
 
     lockaspect:{order:42}            hash {<token>: holds, "fence": n}, with the lease as TTL
     lockaspect:{order:42}:fence      fence counter (INCR per first acquisition, no TTL)
-    lockaspect:{order:42}:released   pub/sub channel, one message per final release
+    lockaspect:{order:42}:waiters    FIFO list of waiter ids (one per waiting notifier)
+    lockaspect:{order:42}:wake:<id>  pub/sub channel of one waiter; a release wakes the first
 
 All three share the hash tag ``{order:42}``, so Redis Cluster keeps them in one slot.
 Rendered keys never contain ``{`` or ``}`` (values are percent-encoded, templates may not
@@ -234,6 +235,7 @@ class _RedisLocks:
         self._reenter = LuaScript("reenter.lua")
         self._release = LuaScript("release.lua")
         self._renew = LuaScript("renew.lua")
+        self._unqueue = LuaScript("unqueue.lua")
 
     def lock_key(self, key: str) -> str:
         return f"{self.namespace}{{{key}}}"
@@ -241,11 +243,24 @@ class _RedisLocks:
     def fence_key(self, key: str) -> str:
         return f"{self.namespace}{{{key}}}:fence"
 
-    def channel(self, key: str) -> str:
-        return f"{self.namespace}{{{key}}}:released"
+    def queue_key(self, key: str) -> str:
+        return f"{self.namespace}{{{key}}}:waiters"
+
+    def wake_channel(self, key: str, waiter: str) -> str:
+        """The channel on which a release wakes ``waiter`` (see release.lua)."""
+        return f"{self.namespace}{{{key}}}:wake:{waiter}"
 
     def _lock(self, key: str) -> bytes:
         return f"{self.namespace}{{{key}}}".encode()
+
+    @staticmethod
+    def _acquire_request(
+        lock: bytes, token: str, lease: float, waiter: str | None, front: bool
+    ) -> tuple[tuple[bytes, ...], tuple[bytes, ...]]:
+        keys = (lock, lock + b":fence", lock + b":waiters")
+        if waiter is None:
+            return keys, (token.encode(), b"%d" % _ms(lease))
+        return keys, (token.encode(), b"%d" % _ms(lease), waiter.encode(), b"front" if front else b"back")
 
     @staticmethod
     def _acquired(reply: int) -> AcquireResult:
@@ -321,15 +336,23 @@ class RedisBackend(_RedisLocks):
             )
         return AsyncRedisBackend.from_url(self._url, namespace=self.namespace, **self._options)
 
-    def acquire(self, key: str, token: str, lease: float) -> AcquireResult:
-        lock = self._lock(key)
+    def acquire(
+        self, key: str, token: str, lease: float, waiter: str | None = None, front: bool = False
+    ) -> AcquireResult:
+        keys, args = self._acquire_request(self._lock(key), token, lease, waiter, front)
         try:
-            reply = self._acquire.run(
-                self._wire, self.redis, (lock, lock + b":fence"), (token.encode(), b"%d" % _ms(lease))
-            )
+            reply = self._acquire.run(self._wire, self.redis, keys, args)
         except RedisError as exc:
             raise map_redis_error(exc, key, "acquire") from exc
         return self._acquired(reply)
+
+    def unqueue(self, key: str, waiter: str) -> None:
+        """Take ``waiter`` off ``key``'s waiter queue (it stopped waiting)."""
+        lock = self._lock(key)
+        try:
+            self._unqueue.run(self._wire, self.redis, (lock + b":waiters",), (waiter.encode(),))
+        except RedisError as exc:
+            raise map_redis_error(exc, key, "unqueue") from exc
 
     def reenter(self, key: str, token: str) -> AcquireResult:
         try:
@@ -339,8 +362,9 @@ class RedisBackend(_RedisLocks):
         return self._reentered(holds)
 
     def release(self, key: str, token: str) -> ReleaseResult:
+        lock = self._lock(key)
         try:
-            code = self._release.run(self._wire, self.redis, (self._lock(key),), (token.encode(),))
+            code = self._release.run(self._wire, self.redis, (lock, lock + b":waiters"), (token.encode(),))
         except RedisError as exc:
             raise map_redis_error(exc, key, "release") from exc
         return _RELEASE_CODES[code]
@@ -366,7 +390,7 @@ class RedisBackend(_RedisLocks):
             if self._closed:
                 return None
             if self._notifier is None:
-                self._notifier = RedisNotifier(self.redis, self.channel)
+                self._notifier = RedisNotifier(self.redis, self.wake_channel)
             return self._notifier
 
     def threads(self) -> list[threading.Thread]:
@@ -437,6 +461,8 @@ class RedisNotifier:
     def __init__(self, client: redis.Redis, channel_for: Any) -> None:
         self._redis: Any = client
         self._channel_for = channel_for
+        #: This notifier's waiter id: queued in a lock's waiter list, woken on its own channel.
+        self.waiter_id = os.urandom(8).hex()
         self._lock = threading.Condition(threading.Lock())
         self._table = ChannelTable()
         self._pubsub: Any = None
@@ -445,13 +471,13 @@ class RedisNotifier:
         self._unavailable_until = 0.0
 
     def subscribe(self, key: str, timeout: float) -> _Subscription:
-        sub = _Subscription(self._channel_for(key).encode())
+        sub = _Subscription(self._channel_for(key, self.waiter_id).encode())
         now = time.monotonic()
         deadline = now + timeout
         with self._lock:
             if self._closed or now < self._unavailable_until:
                 return sub
-            if self._table.join(sub):
+            if self._table.join(sub, now):
                 try:
                     self._send("SUBSCRIBE", sub.channel)
                 except RedisError as exc:
@@ -469,6 +495,12 @@ class RedisNotifier:
                     break
             sub.active = self._table.subscribed(sub.channel)
         return sub
+
+    def listening(self, key: str) -> bool:
+        """Whether this notifier already listens for wake-ups of ``key`` (so a first attempt
+        may queue at once: a wake-up that comes before its waiter registers is kept)."""
+        with self._lock:
+            return self._table.subscribed(self._channel_for(key, self.waiter_id).encode())
 
     def unsubscribe(self, subscription: Any) -> None:
         with self._lock:
@@ -530,7 +562,7 @@ class RedisNotifier:
         name = message["channel"]
         with self._lock:
             if kind == b"message":
-                for waiter in self._table.message(name):
+                for waiter in self._table.message(name, time.monotonic()):
                     waiter.wake()
             elif kind in (b"subscribe", b"unsubscribe") and self._table.reply(kind, name):
                 self._lock.notify_all()
@@ -673,15 +705,22 @@ class AsyncRedisBackend(_RedisLocks):
     def from_url(cls, url: str, *, namespace: str = "lockaspect:", **options: Any) -> AsyncRedisBackend:
         return cls(no_retry_async_client(url, **options), namespace=namespace)
 
-    async def acquire(self, key: str, token: str, lease: float) -> AcquireResult:
-        lock = self._lock(key)
+    async def acquire(
+        self, key: str, token: str, lease: float, waiter: str | None = None, front: bool = False
+    ) -> AcquireResult:
+        keys, args = self._acquire_request(self._lock(key), token, lease, waiter, front)
         try:
-            reply = await _run_async(
-                self._acquire, self._wire, self.redis, (lock, lock + b":fence"), (token.encode(), b"%d" % _ms(lease))
-            )
+            reply = await _run_async(self._acquire, self._wire, self.redis, keys, args)
         except RedisError as exc:
             raise map_redis_error(exc, key, "acquire") from exc
         return self._acquired(reply)
+
+    async def unqueue(self, key: str, waiter: str) -> None:
+        lock = self._lock(key)
+        try:
+            await _run_async(self._unqueue, self._wire, self.redis, (lock + b":waiters",), (waiter.encode(),))
+        except RedisError as exc:
+            raise map_redis_error(exc, key, "unqueue") from exc
 
     async def reenter(self, key: str, token: str) -> AcquireResult:
         try:
@@ -691,8 +730,11 @@ class AsyncRedisBackend(_RedisLocks):
         return self._reentered(holds)
 
     async def release(self, key: str, token: str) -> ReleaseResult:
+        lock = self._lock(key)
         try:
-            code = await _run_async(self._release, self._wire, self.redis, (self._lock(key),), (token.encode(),))
+            code = await _run_async(
+                self._release, self._wire, self.redis, (lock, lock + b":waiters"), (token.encode(),)
+            )
         except RedisError as exc:
             raise map_redis_error(exc, key, "release") from exc
         return _RELEASE_CODES[code]
@@ -715,7 +757,7 @@ class AsyncRedisBackend(_RedisLocks):
 
     def notifier(self) -> AsyncRedisNotifier:
         if self._notifier is None:
-            self._notifier = AsyncRedisNotifier(self.redis, self.channel)
+            self._notifier = AsyncRedisNotifier(self.redis, self.wake_channel)
         return self._notifier
 
     async def aclose(self) -> None:
@@ -729,24 +771,41 @@ class AsyncRedisBackend(_RedisLocks):
 class _AsyncSubscription:
     """An async waiter's registration for release messages of one lock."""
 
-    __slots__ = ("_event", "active", "channel")
+    __slots__ = ("_future", "_woken", "active", "channel")
 
     def __init__(self, channel: bytes) -> None:
         self.channel = channel
-        self._event = asyncio.Event()
+        self._future: asyncio.Future[bool] | None = None
+        self._woken = False
         self.active = False
 
     async def wait(self, timeout: float) -> bool:
-        try:
-            await asyncio.wait_for(self._event.wait(), timeout)
+        # A future and a call_later, not asyncio.wait_for (a task per wait on Python 3.11).
+        if self._woken:
+            self._woken = False
             return True
-        except asyncio.TimeoutError:
-            return False
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[bool] = loop.create_future()
+        timer = loop.call_later(timeout, _resolve, future, False)
+        self._future = future
+        try:
+            return await future
         finally:
-            self._event.clear()
+            timer.cancel()
+            self._future = None
+            self._woken = False
 
     def wake(self) -> None:
-        self._event.set()
+        future = self._future
+        if future is None:
+            self._woken = True
+        else:
+            _resolve(future, True)
+
+
+def _resolve(future: asyncio.Future[bool], value: bool) -> None:
+    if not future.done():
+        future.set_result(value)
 
 
 class AsyncRedisNotifier:
@@ -757,6 +816,7 @@ class AsyncRedisNotifier:
     def __init__(self, client: Any, channel_for: Any) -> None:
         self._redis = client
         self._channel_for = channel_for
+        self.waiter_id = os.urandom(8).hex()
         self._table = ChannelTable()
         self._send_lock = asyncio.Lock()
         self._changed = asyncio.Condition()
@@ -766,12 +826,12 @@ class AsyncRedisNotifier:
         self._unavailable_until = 0.0
 
     async def subscribe(self, key: str, timeout: float) -> _AsyncSubscription:
-        sub = _AsyncSubscription(self._channel_for(key).encode())
+        sub = _AsyncSubscription(self._channel_for(key, self.waiter_id).encode())
         now = time.monotonic()
         if self._closed or now < self._unavailable_until:
             return sub
         async with self._send_lock:
-            if self._table.join(sub):
+            if self._table.join(sub, now):
                 try:
                     await self._send("SUBSCRIBE", sub.channel)
                 except RedisError as exc:
@@ -795,6 +855,10 @@ class AsyncRedisNotifier:
                 pass
         sub.active = self._table.subscribed(sub.channel)
         return sub
+
+    def listening(self, key: str) -> bool:
+        """See :meth:`RedisNotifier.listening`."""
+        return self._table.subscribed(self._channel_for(key, self.waiter_id).encode())
 
     def unsubscribe(self, subscription: Any) -> None:
         self._table.leave(subscription, time.monotonic())
@@ -850,7 +914,7 @@ class AsyncRedisNotifier:
         kind = kind.encode() if isinstance(kind, str) else kind
         name = message["channel"]
         if kind == b"message":
-            for waiter in self._table.message(name):
+            for waiter in self._table.message(name, time.monotonic()):
                 waiter.wake()
         elif kind in (b"subscribe", b"unsubscribe") and self._table.reply(kind, name):
             async with self._changed:

@@ -22,6 +22,7 @@ from lockaspect import (
     KeyTemplateError,
     LockClient,
     LockNotAcquired,
+    _policy,
     current_lease,
     distributed_lock,
 )
@@ -54,16 +55,19 @@ class Exploding:
 
 
 class Spy:
-    """Counts the acquire round trips a backend makes (each still reaches the real store)
-    and sets ``second_busy`` when the second attempt found the lock busy."""
+    """Counts the acquire round trips a backend makes (each still reaches the real store),
+    records the waiter id and ``front`` flag each was sent with, and sets ``second_busy`` when
+    the second attempt found the lock busy."""
 
     def __init__(self, client: LockClient, monkeypatch: pytest.MonkeyPatch) -> None:
         self.attempts = 0
+        self.queued: list[tuple[str | None, bool]] = []
         self.second_busy = threading.Event()
         real = client.backend.acquire
 
-        def acquire(key: str, token: str, lease: float) -> Any:
-            result = real(key, token, lease)
+        def acquire(key: str, token: str, lease: float, waiter: str | None = None, front: bool = False) -> Any:
+            result = real(key, token, lease, waiter, front)
+            self.queued.append((waiter, front))
             self.attempts += 1
             if self.attempts == 2 and not result.acquired:
                 self.second_busy.set()
@@ -465,7 +469,7 @@ class TestBusyLock:
     def test_wait_zero_tries_once(
         self, plain: LockClient, other: LockClient, raw: Any, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        """``wait=0`` makes one acquire attempt and never subscribes to the release channel."""
+        """``wait=0`` makes one acquire attempt, neither queues for a wake-up nor subscribes to any wake channel."""
         spy = Spy(plain, monkeypatch)
 
         @distributed_lock(key="res:<n>", client=plain, wait=0)
@@ -475,8 +479,10 @@ class TestBusyLock:
         with other.lock("res:3"):
             with pytest.raises(LockNotAcquired) as info:
                 work(3)
-            assert raw.pubsub_numsub(plain.backend.channel("res:3")) == [(plain.backend.channel("res:3").encode(), 0)]
+            assert raw.pubsub_channels(plain.backend.wake_channel("res:3", "*")) == []
+            assert raw.exists(plain.backend.queue_key("res:3")) == 0
         assert spy.attempts == 1
+        assert spy.queued == [(None, False)]
         assert info.value.waited == 0.0
 
     def test_wait_expires_with_lock_not_acquired(self, plain: LockClient, other: LockClient) -> None:
@@ -497,10 +503,14 @@ class TestBusyLock:
         plain: LockClient,
         other: LockClient,
         monkeypatch: pytest.MonkeyPatch,
+        raw: Any,
         threads: list[threading.Thread],
         wait: Any,
     ) -> None:
-        """A waiter sleeps until the holder's release wakes it, then takes the lock on its next attempt."""
+        """A waiter queues once subscribed and sleeps until the holder's release wakes it, then takes the lock on its
+        next attempt, which leaves the queue."""
+        # No periodic recheck: the waiter's sleep ends on the wake-up (or the 30 s lease), nothing else.
+        monkeypatch.setattr(_policy, "NOTIFY_RECHECK", 60.0)
         spy = Spy(plain, monkeypatch)
         release = threading.Event()
         holder, state = _holder(other, "job:1", release)
@@ -520,8 +530,12 @@ class TestBusyLock:
         fencing_token = work(1)
         assert release.is_set()
         assert fencing_token > state["fencing_token"]
-        # try, retry once subscribed, then one more try after the release message: no polling
+        # try, retry once subscribed (queued), then one more try after the wake-up: no polling
         assert spy.attempts == 3
+        waiter_id = plain.backend.notifier().waiter_id
+        # the woken attempt goes in front, should a barger have taken the lock meanwhile
+        assert spy.queued == [(None, False), (waiter_id, False), (waiter_id, True)]
+        assert not raw.exists(plain.backend.queue_key("job:1"))
 
 
 class CallCase:

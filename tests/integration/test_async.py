@@ -40,6 +40,7 @@ from lockaspect import (
     LockClient,
     LockLost,
     LockNotAcquired,
+    _policy,
     configure,
     current_lease,
     distributed_lock,
@@ -533,10 +534,14 @@ class TestBusyLock:
     @pytest.mark.parametrize("wait_strategy", ["notify", "poll"])
     @pytest.mark.parametrize("wait", [30.0, None], ids=["seconds", "forever"])
     def test_waiter_gets_the_lock_when_the_holder_releases(
-        self, plain: LockClient, raw: Any, wait: float | None, wait_strategy: str
+        self, plain: LockClient, raw: Any, monkeypatch: pytest.MonkeyPatch, wait: float | None, wait_strategy: str
     ) -> None:
-        """A waiting call takes the lock once the holder (another task on the loop) releases it, with a larger fence."""
-        channel = plain.backend.channel("job:1")
+        """A waiting call takes the lock once the holder (another task on the loop) releases it, with a larger fence.
+        With notify it queues once subscribed and takes the lock on its first attempt after the wake-up; with poll
+        it never queues."""
+        # No periodic recheck: a notified waiter's sleep ends on the wake-up (or the 30 s lease), nothing else.
+        monkeypatch.setattr(_policy, "NOTIFY_RECHECK", 60.0)
+        queue = plain.backend.queue_key("job:1")
 
         @distributed_lock(key="job:<n>", client=plain, wait=wait, wait_strategy=wait_strategy)
         async def work(n: int) -> int:
@@ -544,7 +549,7 @@ class TestBusyLock:
             assert lease is not None
             return lease.fencing_token
 
-        async def main() -> tuple[int, int, int]:
+        async def main() -> tuple[int, int, list[tuple[bool, str | None, bool]], str | None]:
             release = asyncio.Event()
             held = asyncio.Event()
             fences: list[int] = []
@@ -557,29 +562,43 @@ class TestBusyLock:
 
             holding = asyncio.create_task(holder())
             await held.wait()
-            attempts: list[bool] = []
+            attempts: list[tuple[bool, str | None, bool]] = []
             backend = plain._loop_state().backend
             real = backend.acquire
 
-            async def acquire(key: str, token: str, lease: float) -> Any:
-                result = await real(key, token, lease)
-                attempts.append(result.acquired)
+            async def acquire(
+                key: str, token: str, lease: float, waiter: str | None = None, front: bool = False
+            ) -> Any:
+                result = await real(key, token, lease, waiter, front)
+                attempts.append((result.acquired, waiter, front))
                 return result
 
             backend.acquire = acquire
             waiting = asyncio.create_task(work(1))
-            # let the holder go once the waiter has found the lock busy (and, with notify, subscribed)
+            # let the holder go once the waiter has found the lock busy (and, with notify, subscribed and queued)
             await until(lambda: len(attempts) >= 2, what="the waiter's second attempt")
+            waiter_id = None
             if wait_strategy == "notify":
+                waiter_id = backend.notifier().waiter_id
+                channel = plain.backend.wake_channel("job:1", waiter_id)
                 assert raw.pubsub_numsub(channel) == [(channel.encode(), 1)]
+                assert raw.lrange(queue, 0, -1) == [waiter_id.encode()]
+            else:
+                assert raw.exists(queue) == 0
             release.set()
             fence = await waiting
             await holding
-            return fences[0], fence, attempts.count(True)
+            return fences[0], fence, attempts, waiter_id
 
-        held_fence, fence, acquired = run(main())
+        held_fence, fence, attempts, waiter_id = run(main())
         assert fence > held_fence
-        assert acquired == 1
+        assert [acquired for acquired, _, _ in attempts].count(True) == 1
+        if wait_strategy == "notify":
+            # try, retry once subscribed (queued), then the woken attempt (in front, should a barger win)
+            assert attempts == [(False, None, False), (False, waiter_id, False), (True, waiter_id, True)]
+        else:
+            assert all(waiter is None for _, waiter, _ in attempts)
+        assert raw.exists(queue) == 0
 
 
 CALL_TIME_ERRORS = [
@@ -747,8 +766,8 @@ class TestAsyncWith:
         assert plain.stats().not_acquired == 2
 
     def test_waiting_block_enters_when_the_holder_releases(self, plain: LockClient, raw: Any) -> None:
-        """A block with ``wait=`` subscribes, then enters as soon as the holding task's block exits."""
-        channel = plain.backend.channel("handoff")
+        """A block with ``wait=`` subscribes and queues, then enters as soon as the holding task's block exits."""
+        queue = plain.backend.queue_key("handoff")
 
         async def main() -> tuple[int, int, list[str]]:
             order: list[str] = []
@@ -770,7 +789,10 @@ class TestAsyncWith:
             holding = asyncio.create_task(holder())
             await held.wait()
             waiting = asyncio.create_task(waiter())
-            await until(lambda: raw.pubsub_numsub(channel) == [(channel.encode(), 1)], what="the waiter to subscribe")
+            waiter_id = plain._loop_state().backend.notifier().waiter_id
+            channel = plain.backend.wake_channel("handoff", waiter_id)
+            await until(lambda: raw.lrange(queue, 0, -1) == [waiter_id.encode()], what="the waiter to queue")
+            assert raw.pubsub_numsub(channel) == [(channel.encode(), 1)]
             assert not waiting.done()
             release.set()
             return await holding, await waiting, order
@@ -778,6 +800,7 @@ class TestAsyncWith:
         first, second, order = run(main())
         assert second > first
         assert order == ["holder out", "waiter in"]
+        assert raw.exists(queue) == 0
 
     def test_exception_in_the_block_propagates_and_releases(self, plain: LockClient, raw: Any) -> None:
         """An exception raised in the block reaches the caller unchanged and the key is released."""
@@ -1427,8 +1450,9 @@ class TestCancellation:
     def test_caller_cancelled_while_waiting_for_a_busy_key_leaves_nothing(
         self, client: LockClient, other: LockClient, raw: Any, namespace: str
     ) -> None:
-        """A caller cancelled while it waits for a busy key takes nothing, registers nothing and leaves its slot."""
-        channel = client.backend.channel("busy")
+        """A caller cancelled while it waits for a busy key takes nothing, registers nothing, leaves its slot and
+        the lock's waiter queue."""
+        queue = client.backend.queue_key("busy")
         ran: list[str] = []
 
         @distributed_lock(key="busy", client=client, wait=None)
@@ -1437,7 +1461,8 @@ class TestCancellation:
 
         async def main() -> None:
             waiting = asyncio.create_task(work())
-            await until(lambda: raw.pubsub_numsub(channel) == [(channel.encode(), 1)], what="the waiter to subscribe")
+            waiter_id = client._loop_state().backend.notifier().waiter_id
+            await until(lambda: raw.lrange(queue, 0, -1) == [waiter_id.encode()], what="the waiter to queue")
             waiting.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await waiting
@@ -1446,6 +1471,7 @@ class TestCancellation:
         with other.lock("busy") as holder:
             run(main())
             assert raw.hgetall(client.backend.lock_key("busy"))[holder.token.encode()] == b"1"
+            assert raw.exists(queue) == 0, "the cancelled waiter must leave the queue"
         assert ran == []
         assert (client.stats().acquired, client.stats().not_acquired) == (0, 0)
         assert_nothing_left(client, raw, namespace)
@@ -1737,8 +1763,11 @@ class TestSyncAndAsyncTogether:
     def test_async_holder_and_sync_waiter_hand_over(
         self, plain: LockClient, raw: Any, threads: list[threading.Thread]
     ) -> None:
-        """A thread finds a key held by a task busy, and with ``wait=`` gets it once the task releases."""
-        channel = plain.backend.channel("handover")
+        """A thread finds a key held by a task busy, and with ``wait=`` queues and gets it once the task releases."""
+        queue = plain.backend.queue_key("handover")
+        notifier = plain.backend.notifier()
+        assert notifier is not None
+        queued = [notifier.waiter_id.encode()]  # the sync waiter queues under the client's own notifier
         results: dict[str, Any] = {}
 
         def sync_waiter(started: threading.Event) -> None:
@@ -1758,7 +1787,7 @@ class TestSyncAndAsyncTogether:
                 thread.start()
                 threads.append(thread)
                 await until(started.is_set, what="the thread's first attempt")
-                await until(lambda: raw.pubsub_numsub(channel) == [(channel.encode(), 1)], what="the thread to wait")
+                await until(lambda: raw.lrange(queue, 0, -1) == queued, what="the thread to queue")
             await until(lambda: "fence" in results, what="the thread to get the lock")
             return lease.fencing_token
 
@@ -1766,6 +1795,7 @@ class TestSyncAndAsyncTogether:
         assert "unexpected" not in results
         assert results["busy"].key == "handover"
         assert results["fence"] > fence
+        assert raw.exists(queue) == 0
 
     def test_each_event_loop_gets_its_own_connections_and_they_exclude_each_other(
         self, plain: LockClient, raw: Any, namespace: str, threads: list[threading.Thread]

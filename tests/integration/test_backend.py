@@ -1,6 +1,7 @@
 """The Lua contract of ``RedisBackend`` against real servers (valkey, and Debian's
 redis-server when installed): fencing, re-entry, release codes, batched renewal, NOSCRIPT
-recovery, the cluster hash tag, release messages, and a server that dies or hangs."""
+recovery, the cluster hash tag, the waiter queue and its wake-ups, and a server that dies or
+hangs."""
 
 from __future__ import annotations
 
@@ -92,13 +93,14 @@ def expirations(server_raw: Any) -> Iterator[Any]:
         server_raw.config_set("notify-keyspace-events", previous)
 
 
-def await_message(pubsub: Any, timeout: float = 10.0) -> bytes:
-    """The next published payload on ``pubsub``, waiting up to ``timeout`` seconds."""
+def await_message(pubsub: Any, timeout: float = 10.0) -> tuple[str, bytes]:
+    """The next published message on ``pubsub`` as ``(channel, payload)``, waiting up to
+    ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while (remaining := deadline - time.monotonic()) > 0:
         message = pubsub.get_message(timeout=remaining)
-        if message is not None and message["type"] == "message":
-            return bytes(message["data"])
+        if message is not None and message["type"] in ("message", "pmessage"):
+            return bytes(message["channel"]).decode(), bytes(message["data"])
     raise AssertionError(f"no message arrived within {timeout}s")
 
 
@@ -121,7 +123,7 @@ class TestAcquire:
         """A lock that expired (was never released) does not reset its key's fence counter."""
         first = backend.acquire("order:2", token(), 0.001)
         assert first.acquired
-        assert await_message(expirations) == backend.lock_key("order:2").encode()
+        assert await_message(expirations) == ("__keyevent@0__:expired", backend.lock_key("order:2").encode())
         assert not server_raw.exists(backend.lock_key("order:2"))
 
         second = backend.acquire("order:2", token(), LONG)
@@ -265,24 +267,173 @@ class TestRelease:
         assert 0 < server_raw.pttl(lock) <= 10_000
         assert backend.release("order:11", owner) is ReleaseResult.RELEASED
 
-    def test_final_release_publishes_once_on_the_lock_channel(self, backend: RedisBackend, server_raw: Any) -> None:
-        """Only the release that frees the lock publishes a wake-up message on its channel."""
+    def test_final_release_publishes_once_to_the_first_queued_waiter(
+        self, backend: RedisBackend, server_raw: Any
+    ) -> None:
+        """Only the release that frees the lock wakes a waiter: one "released" on the first queued waiter's channel."""
         owner = token()
-        channel = backend.channel("order:12")
+        first, second = backend.wake_channel("order:12", "first"), backend.wake_channel("order:12", "second")
         pubsub = server_raw.pubsub(ignore_subscribe_messages=True)
         try:
-            pubsub.subscribe(channel)
+            pubsub.subscribe(first, second)
             backend.acquire("order:12", owner, LONG)
+            assert not backend.acquire("order:12", token(), LONG, waiter="first").acquired
+            assert not backend.acquire("order:12", token(), LONG, waiter="second").acquired
             backend.reenter("order:12", owner)
             assert backend.release("order:12", owner) is ReleaseResult.STILL_HELD
-            # Messages on one channel arrive in publish order: had the partial release
+            assert server_raw.lrange(backend.queue_key("order:12"), 0, -1) == [b"first", b"second"]
+            # Messages on one connection arrive in publish order: had the partial release
             # published, its message would come before this marker.
-            server_raw.publish(channel, "marker")
+            server_raw.publish(first, "marker")
             assert backend.release("order:12", owner) is ReleaseResult.RELEASED
-            assert await_message(pubsub) == b"marker"
-            assert await_message(pubsub) == b"released"
+            assert await_message(pubsub) == (first, b"marker")
+            assert await_message(pubsub) == (first, b"released")
+            server_raw.publish(second, "marker")
+            assert await_message(pubsub) == (second, b"marker"), "one release wakes one waiter"
+            assert server_raw.lrange(backend.queue_key("order:12"), 0, -1) == [b"second"]
         finally:
             pubsub.close()
+
+    def test_release_with_nobody_queued_publishes_nothing(self, backend: RedisBackend, server_raw: Any) -> None:
+        """A final release with an empty waiter queue sends no message on any of the lock's wake channels."""
+        owner = token()
+        pubsub = server_raw.pubsub(ignore_subscribe_messages=True)
+        try:
+            pubsub.psubscribe(backend.wake_channel("order:13", "*"))
+            marker = backend.wake_channel("order:13", "marker")
+            backend.acquire("order:13", owner, LONG)
+            assert not backend.acquire("order:13", token(), LONG).acquired  # no waiter id: not queued
+            assert not server_raw.exists(backend.queue_key("order:13"))
+            assert backend.release("order:13", owner) is ReleaseResult.RELEASED
+            server_raw.publish(marker, "marker")
+            assert await_message(pubsub) == (marker, b"marker")
+        finally:
+            pubsub.close()
+
+
+class TestWaiterQueue:
+    def test_busy_attempts_queue_each_waiter_once_in_arrival_order(
+        self, backend: RedisBackend, server_raw: Any
+    ) -> None:
+        """A busy attempt with a waiter id appends it to the lock's queue, once however often it retries."""
+        backend.acquire("q:1", token(), LONG)
+        for waiter in ["a", "b", "a", "c", "b"]:
+            busy = backend.acquire("q:1", token(), LONG, waiter=waiter)
+            assert not busy.acquired
+            assert busy.holder_ttl is not None
+        assert server_raw.lrange(backend.queue_key("q:1"), 0, -1) == [b"a", b"b", b"c"]
+
+    def test_front_puts_a_woken_waiter_back_at_the_head(self, backend: RedisBackend, server_raw: Any) -> None:
+        """A busy attempt with ``front`` queues the waiter first; an id already queued keeps its place."""
+        backend.acquire("q:2", token(), LONG)
+        backend.acquire("q:2", token(), LONG, waiter="a")
+        backend.acquire("q:2", token(), LONG, waiter="b")
+        backend.acquire("q:2", token(), LONG, waiter="woken", front=True)
+        backend.acquire("q:2", token(), LONG, waiter="b", front=True)
+        assert server_raw.lrange(backend.queue_key("q:2"), 0, -1) == [b"woken", b"a", b"b"]
+
+    def test_successful_acquire_takes_the_waiter_off_the_queue(self, backend: RedisBackend, server_raw: Any) -> None:
+        """A waiter that gets the lock leaves the queue; the other waiters keep their order."""
+        holder = token()
+        backend.acquire("q:3", holder, LONG)
+        for waiter in ["a", "b", "c"]:
+            backend.acquire("q:3", token(), LONG, waiter=waiter)
+        server_raw.delete(backend.lock_key("q:3"))  # the holder's lease ran out: no release, no wake-up
+        assert backend.acquire("q:3", token(), LONG, waiter="b").acquired
+        assert server_raw.lrange(backend.queue_key("q:3"), 0, -1) == [b"a", b"c"]
+
+    def test_attempt_without_a_waiter_id_leaves_the_queue_alone(self, backend: RedisBackend, server_raw: Any) -> None:
+        """Busy or successful attempts without a waiter id (wait=0, polling) neither create nor change the queue."""
+        holder = token()
+        backend.acquire("q:4", holder, LONG)
+        backend.acquire("q:4", token(), LONG)
+        assert not server_raw.exists(backend.queue_key("q:4"))
+        backend.acquire("q:4", token(), LONG, waiter="a")
+        backend.acquire("q:4", token(), LONG)
+        backend.release("q:4", holder)
+        server_raw.rpush(backend.queue_key("q:4"), "b")
+        assert backend.acquire("q:4", token(), LONG).acquired
+        assert server_raw.lrange(backend.queue_key("q:4"), 0, -1) == [b"b"]
+
+    def test_queue_expires_and_every_busy_attempt_renews_its_expiry(
+        self, backend: RedisBackend, server_raw: Any
+    ) -> None:
+        """The queue carries a TTL of at most 60 s (waiters that died leave no key forever); each re-queue renews it."""
+        queue = backend.queue_key("q:5")
+        backend.acquire("q:5", token(), LONG)
+        backend.acquire("q:5", token(), LONG, waiter="a")
+        assert 0 < server_raw.pttl(queue) <= 60_000
+        server_raw.pexpire(queue, 1_000)
+        backend.acquire("q:5", token(), LONG, waiter="a")  # already queued: still renews the expiry
+        assert 1_000 < server_raw.pttl(queue) <= 60_000
+
+    def test_unqueue_removes_only_that_waiter(self, backend: RedisBackend, server_raw: Any) -> None:
+        """``unqueue`` takes one waiter off the queue, is a no-op for an id not queued, and removes the emptied key."""
+        queue = backend.queue_key("q:6")
+        backend.acquire("q:6", token(), LONG)
+        backend.acquire("q:6", token(), LONG, waiter="a")
+        backend.acquire("q:6", token(), LONG, waiter="b")
+        backend.unqueue("q:6", "a")
+        assert server_raw.lrange(queue, 0, -1) == [b"b"]
+        backend.unqueue("q:6", "nobody")
+        backend.unqueue("other", "b")
+        assert server_raw.lrange(queue, 0, -1) == [b"b"]
+        backend.unqueue("q:6", "b")
+        assert not server_raw.exists(queue)
+
+    def test_release_skips_waiters_nobody_listens_to(self, backend: RedisBackend, server_raw: Any) -> None:
+        """Dead waiters (ids nobody subscribes to) ahead in the queue are dropped; the first live one is woken."""
+        owner = token()
+        live = backend.wake_channel("q:7", "live")
+        pubsub = server_raw.pubsub(ignore_subscribe_messages=True)
+        try:
+            pubsub.subscribe(live)
+            backend.acquire("q:7", owner, LONG)
+            server_raw.rpush(backend.queue_key("q:7"), "dead:1", "dead:2")
+            backend.acquire("q:7", token(), LONG, waiter="live")
+            backend.acquire("q:7", token(), LONG, waiter="behind")
+            assert backend.release("q:7", owner) is ReleaseResult.RELEASED
+            assert await_message(pubsub) == (live, b"released")
+            assert server_raw.lrange(backend.queue_key("q:7"), 0, -1) == [b"behind"]
+        finally:
+            pubsub.close()
+
+    def test_release_gives_up_after_sixteen_dead_waiters(self, backend: RedisBackend, server_raw: Any) -> None:
+        """One release drops at most 16 dead waiters: a live one behind 17 is not woken by it, and stays queued."""
+        owner = token()
+        live = backend.wake_channel("q:8", "live")
+        pubsub = server_raw.pubsub(ignore_subscribe_messages=True)
+        try:
+            pubsub.subscribe(live)
+            backend.acquire("q:8", owner, LONG)
+            server_raw.rpush(backend.queue_key("q:8"), *[f"dead:{n}" for n in range(17)])
+            backend.acquire("q:8", token(), LONG, waiter="live")
+            assert backend.release("q:8", owner) is ReleaseResult.RELEASED
+            server_raw.publish(live, "marker")
+            assert await_message(pubsub) == (live, b"marker")
+            assert server_raw.lrange(backend.queue_key("q:8"), 0, -1) == [b"dead:16", b"live"]
+        finally:
+            pubsub.close()
+
+    def test_release_by_a_user_without_pubsub_rights_still_releases(self, fresh_server: LockServer) -> None:
+        """With waiters queued, a release by a server user that may not PUBLISH frees the lock all the same."""
+        admin = fresh_server.redis()
+        admin.execute_command("ACL", "SETUSER", "nopubsub", "on", ">pw", "~*", "&*", "+@all", "-@pubsub")
+        backend = RedisBackend.from_url(f"redis://nopubsub:pw@127.0.0.1:{fresh_server.port}/0", namespace="acl:")
+        try:
+            owner = token()
+            backend.acquire("q:9", owner, LONG)
+            backend.acquire("q:9", token(), LONG, waiter="a")
+            backend.acquire("q:9", token(), LONG, waiter="b")
+            assert backend.release("q:9", owner) is ReleaseResult.RELEASED
+            assert not admin.exists(backend.lock_key("q:9"))
+            refused = [entry for entry in admin.acl_log() if entry["object"] == "publish"]
+            assert sum(int(entry["count"]) for entry in refused) == 1, "the release stops at the first refusal"
+            assert admin.lrange(backend.queue_key("q:9"), 0, -1) == [b"b"]
+            assert backend.acquire("q:9", token(), LONG, waiter="b").acquired
+        finally:
+            backend.close()
+            admin.close()
 
 
 class TestRenew:
@@ -393,17 +544,22 @@ class TestKeyLayout:
         assert key_slot("foo{}{bar}") == crc16_xmodem(b"foo{}{bar}") % 16384
 
     @pytest.mark.parametrize("key", ["order:42", "a", "tenant:acme:order:%7B1%7D", "x" * 200])
-    def test_lock_fence_and_channel_share_one_slot(self, backend: RedisBackend, server_raw: Any, key: str) -> None:
-        """The lock key, the fence counter and the release channel hash to one cluster slot."""
-        names = [backend.lock_key(key), backend.fence_key(key), backend.channel(key)]
-        assert [hash_tag(name) for name in names] == [key] * 3
+    def test_lock_fence_queue_and_wake_channel_share_one_slot(
+        self, backend: RedisBackend, server_raw: Any, key: str
+    ) -> None:
+        """The lock key, the fence counter, the waiter queue and a waiter's wake channel hash to one cluster slot."""
+        names = [backend.lock_key(key), backend.fence_key(key), backend.queue_key(key), backend.wake_channel(key, "w1")]
+        assert [hash_tag(name) for name in names] == [key] * 4
         assert len({key_slot(name) for name in names}) == 1
 
         owner = token()
         backend.acquire(key, owner, LONG)
+        backend.acquire(key, token(), LONG, waiter="w1")
         written = {name.decode() for name in server_raw.scan_iter(match=f"{backend.namespace}*")}
-        assert written == {backend.lock_key(key), backend.fence_key(key)}
-        backend.release(key, owner)
+        assert written == {backend.lock_key(key), backend.fence_key(key), backend.queue_key(key)}
+        backend.release(key, owner)  # pops w1 (nobody listens), which empties the queue
+        written = {name.decode() for name in server_raw.scan_iter(match=f"{backend.namespace}*")}
+        assert written == {backend.fence_key(key)}
 
 
 def _operations(backend: RedisBackend) -> list[tuple[str, Callable[[], object]]]:

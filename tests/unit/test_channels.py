@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from lockaspect.backends._channels import IDLE_UNSUBSCRIBE, ChannelTable
+from lockaspect.backends._channels import IDLE_UNSUBSCRIBE, PENDING_WAKE, ChannelTable
 
-A = b"ns:{a}:released"
-B = b"ns:{b}:released"
+#: Wake channels of one notifier's waiter id on two locks (see ``_RedisLocks.wake_channel``).
+A = b"ns:{a}:wake:w1"
+B = b"ns:{b}:wake:w1"
 
 
 class Waiter:
@@ -33,10 +34,17 @@ def subscribed_table(*channels: bytes) -> tuple[ChannelTable, list[Waiter]]:
     return table, waiters
 
 
-def wake(table: ChannelTable, channel: bytes) -> None:
+def wake(table: ChannelTable, channel: bytes, now: float = 0.0) -> None:
     """What a notifier does with a release message: wake every waiter the table names."""
-    for waiter in table.message(channel):
+    for waiter in table.message(channel, now):
         waiter.wake()
+
+
+def vacated_table() -> ChannelTable:
+    """A table whose channel A is subscribed but has no waiter left (its only one left)."""
+    table, (first,) = subscribed_table(A)
+    table.leave(first, 0.0)
+    return table
 
 
 class TestJoin:
@@ -111,13 +119,13 @@ class TestReplies:
         """Channels whose idle UNSUBSCRIBE was confirmed leave the table, so it does not grow with every key."""
         table = ChannelTable()
         for n in range(100):
-            waiter = Waiter(b"ns:{order:%d}:released" % n)
+            waiter = Waiter(b"ns:{order:%d}:wake:w1" % n)
             table.join(waiter)
             table.reply(b"subscribe", waiter.channel)
             table.leave(waiter, 0.0)
         assert len(table.idle(IDLE_UNSUBSCRIBE)) == 100
         for n in range(100):
-            assert table.reply(b"unsubscribe", b"ns:{order:%d}:released" % n) is True
+            assert table.reply(b"unsubscribe", b"ns:{order:%d}:wake:w1" % n) is True
         assert table._channels == {}
 
     def test_reply_for_an_unknown_channel_changes_nothing(self) -> None:
@@ -212,7 +220,7 @@ class TestReset:
     def test_reset_returns_every_waiter_made_inactive(self) -> None:
         """reset() hands back all waiters of all channels, each marked inactive."""
         table, waiters = subscribed_table(A, B)
-        pending = Waiter(b"ns:{c}:released")
+        pending = Waiter(b"ns:{c}:wake:w1")
         table.join(pending)
         returned = table.reset()
         assert set(returned) == {*waiters, pending}
@@ -232,3 +240,63 @@ class TestReset:
         assert table.reply(b"subscribe", A) is True
         wake(table, A)
         assert a1.woken == 0
+
+
+class TestPendingWake:
+    """A wake-up that arrives while no local waiter listens (the waiter queued with its attempt,
+    then the release came before it registered) is kept PENDING_WAKE seconds for the next one."""
+
+    @pytest.mark.parametrize("delay", [0.0, PENDING_WAKE / 2, PENDING_WAKE * 0.999])
+    def test_message_for_nobody_wakes_the_next_waiter_within_pending_wake(self, delay: float) -> None:
+        """A message on a channel with no waiters wakes, once, the next waiter that joins within PENDING_WAKE."""
+        table = vacated_table()
+        assert table.message(A, 100.0) == []
+        late = Waiter(A)
+        assert table.join(late, 100.0 + delay) is False
+        assert late.woken == 1
+        assert table.subscribed(A)
+
+    @pytest.mark.parametrize("delay", [PENDING_WAKE, PENDING_WAKE * 1.001, 10 * PENDING_WAKE])
+    def test_message_for_nobody_is_forgotten_after_pending_wake(self, delay: float) -> None:
+        """A waiter that joins PENDING_WAKE or more after the message is not woken by it."""
+        table = vacated_table()
+        assert table.message(A, 100.0) == []
+        later = Waiter(A)
+        table.join(later, 100.0 + delay)
+        assert later.woken == 0
+
+    def test_a_kept_wake_up_wakes_only_one_waiter(self) -> None:
+        """The kept wake-up is used up by the first waiter that joins; a second one is not woken."""
+        table = vacated_table()
+        table.message(A, 100.0)
+        first, second = Waiter(A), Waiter(A)
+        table.join(first, 100.1)
+        table.join(second, 100.1)
+        assert (first.woken, second.woken) == (1, 0)
+
+    def test_a_delivered_message_is_not_kept(self) -> None:
+        """A message that woke a waiter leaves nothing pending: the next waiter to join is not woken."""
+        table, (first,) = subscribed_table(A)
+        wake(table, A, 100.0)
+        second = Waiter(A)
+        table.join(second, 100.1)
+        assert (first.woken, second.woken) == (1, 0)
+
+    def test_a_kept_wake_up_stays_on_its_channel(self) -> None:
+        """A wake-up kept for channel A does not wake a waiter joining channel B."""
+        table, (a1, b1) = subscribed_table(A, B)
+        table.leave(a1, 0.0)
+        table.leave(b1, 0.0)
+        table.message(A, 100.0)
+        on_b, on_a = Waiter(B), Waiter(A)
+        table.join(on_b, 100.1)
+        table.join(on_a, 100.1)
+        assert (on_b.woken, on_a.woken) == (0, 1)
+
+    def test_a_message_on_an_unknown_channel_is_not_kept(self) -> None:
+        """A message for a channel the table does not know (never subscribed, or reset) wakes no later waiter."""
+        table = ChannelTable()
+        assert table.message(A, 100.0) == []
+        joiner = Waiter(A)
+        assert table.join(joiner, 100.1) is True
+        assert joiner.woken == 0

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from lockaspect import ConfigurationError, _policy, config, distributed_lock
 from lockaspect._policy import (
     MIN_SAFETY_MARGIN,
+    NOTIFY_RECHECK,
     POLL_CAP,
     POLL_FLOOR,
     RETRY_BASE,
@@ -325,7 +326,8 @@ class TestRetrySleep:
         notified: bool,
         jitter: float,
     ) -> None:
-        """A sleep is never negative, never past the deadline, and when polling never past the holder's TTL."""
+        """A sleep is never negative, never past the deadline, when notified never past NOTIFY_RECHECK (plus 10 %
+        jitter), and when polling never past the holder's TTL."""
         deadline = None if until_deadline is None else now + until_deadline
         sleep = retry_sleep(
             now=now,
@@ -338,7 +340,9 @@ class TestRetrySleep:
         assert sleep >= 0.0
         if deadline is not None:
             assert sleep <= max(deadline - now, 0.0)
-        if not notified:
+        if notified:
+            assert sleep <= NOTIFY_RECHECK * 1.1
+        else:
             assert sleep <= POLL_CAP
             if holder_ttl is not None and holder_ttl > 0:
                 assert sleep <= max(holder_ttl, POLL_FLOOR)
@@ -347,10 +351,22 @@ class TestRetrySleep:
         """Once the wait deadline has passed the sleep is zero."""
         assert retry_sleep(now=10.0, deadline=9.0, holder_ttl=5.0, attempt=0, notified=True) == 0.0
 
-    def test_notified_waiter_sleeps_out_the_hint(self) -> None:
-        """With release notifications the waiter sleeps at least the holder's TTL, woken early by a release."""
-        sleep = retry_sleep(now=0.0, deadline=None, holder_ttl=2.0, attempt=0, notified=True, rng=FixedRandom(0.5))
-        assert 2.0 <= sleep <= 2.05
+    def test_notified_waiter_sleeps_out_a_short_hint(self) -> None:
+        """With release notifications and a hint below NOTIFY_RECHECK the waiter sleeps the holder's TTL (plus at
+        most 10 % jitter), woken early by a release."""
+        hint = NOTIFY_RECHECK / 2
+        sleep = retry_sleep(now=0.0, deadline=None, holder_ttl=hint, attempt=0, notified=True, rng=FixedRandom(0.5))
+        assert hint <= sleep <= hint * 1.1
+
+    @pytest.mark.parametrize("hint", [NOTIFY_RECHECK * 2, 30.0, 3600.0, None])
+    @pytest.mark.parametrize("jitter", [0.0, 0.5, 0.999999])
+    def test_notified_waiter_rechecks_within_notify_recheck(self, hint: float | None, jitter: float) -> None:
+        """A notified waiter never sleeps more than NOTIFY_RECHECK (plus at most 10 % jitter), however long the
+        holder's lease: a lost wake-up costs at most that long. With a long hint it sleeps at least NOTIFY_RECHECK."""
+        sleep = retry_sleep(now=0.0, deadline=None, holder_ttl=hint, attempt=0, notified=True, rng=FixedRandom(jitter))
+        assert sleep <= NOTIFY_RECHECK * 1.1
+        if hint is not None:
+            assert sleep >= NOTIFY_RECHECK
 
     def test_notified_sleep_is_cut_at_the_deadline(self) -> None:
         """A notified waiter still wakes at its wait deadline."""

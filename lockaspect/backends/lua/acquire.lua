@@ -1,9 +1,13 @@
--- acquire.lua: take a fenced lock, or report how long the holder keeps it.
+-- acquire.lua: take a fenced lock, or report how long the holder keeps it (and queue the
+-- waiter for a wake-up).
 --
 -- KEYS[1]  the lock: a hash {<owner token> = hold count, "fence" = fencing token}
 -- KEYS[2]  the lock's fence counter (never expires: fencing tokens must keep growing)
+-- KEYS[3]  the lock's waiter queue: a list of waiter ids, woken one per release (release.lua)
 -- ARGV[1]  owner token (32 hex characters, never equal to "fence")
 -- ARGV[2]  lease in milliseconds
+-- ARGV[3]  optional waiter id: if busy, queue it (once); if acquired, take it off the queue
+-- ARGV[4]  optional "front": queue at the head (a woken waiter that lost the lock to a barger)
 --
 -- returns  fence >= 1   acquired: fence is the INCR of KEYS[2], one hold is recorded.
 --                       A counter that does not exist yet, or that the store lost (a
@@ -25,10 +29,24 @@ if pttl == -2 then
   end
   redis.call('HSET', KEYS[1], ARGV[1], 1, 'fence', fence)
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  if ARGV[3] then
+    redis.call('LREM', KEYS[3], 0, ARGV[3])
+  end
   return fence
 end
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
   return tonumber(redis.call('HGET', KEYS[1], 'fence'))
+end
+if ARGV[3] then
+  if not redis.call('LPOS', KEYS[3], ARGV[3]) then
+    if ARGV[4] == 'front' then
+      redis.call('LPUSH', KEYS[3], ARGV[3])
+    else
+      redis.call('RPUSH', KEYS[3], ARGV[3])
+    end
+  end
+  -- waiters re-queue on every attempt, so a queue whose waiters all died soon expires
+  redis.call('PEXPIRE', KEYS[3], 60000)
 end
 if pttl == -1 then
   return 0
