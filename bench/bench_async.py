@@ -576,6 +576,7 @@ CONTENTION_LIBS: dict[str, tuple[str, bool]] = {
     "la-sync": ("lockaspect sync", False),
     "la-async": ("lockaspect async, 1 task/proc", False),
     "la-async-tasks": ("lockaspect async, {tasks} tasks/proc", False),
+    "la-fair": ("lockaspect fair lock (sync)", False),
     "redis-py": ("redis-py Lock (sleep 0.1)", True),
     "prl": ("python-redis-lock (BLPOP)", True),
     "pottery": ("pottery Redlock", True),
@@ -626,6 +627,13 @@ class LockaspectSync(SyncLib):
         s = self.client.stats()
         self.extra["stats"] = {"acquired": s.acquired, "released": s.released, "lost": s.lost, "held": s.held}
         self.client.close()
+
+
+class LockaspectFair(LockaspectSync):
+    def acquire(self, key: str) -> Any:
+        block = self.client.fair_lock(key, wait=None)  # as `with client.fair_lock(key, wait=None):`
+        block.__enter__()
+        return block
 
 
 class RedisPyLock(SyncLib):
@@ -697,6 +705,7 @@ class PotteryRedlock(SyncLib):
 
 SYNC_LIBS: dict[str, Callable[[str], SyncLib]] = {
     "la-sync": LockaspectSync,
+    "la-fair": LockaspectFair,
     "redis-py": RedisPyLock,
     "prl": PythonRedisLock,
     "pottery": PotteryRedlock,
@@ -1424,6 +1433,7 @@ def write_plot(results: dict[str, Any], args: argparse.Namespace, path: Path) ->
         "la-sync": ("tab:blue", "o", "-"),
         "la-async": ("tab:orange", "s", "-"),
         "la-async-tasks": ("tab:brown", "D", "--"),
+        "la-fair": ("tab:cyan", "h", "--"),
         "redis-py": ("tab:gray", "v", ":"),
         "prl": ("tab:green", "^", ":"),
         "pottery": ("tab:purple", "P", ":"),

@@ -32,6 +32,17 @@ NOTIFY_RECHECK: Final = 1.0
 POLL_FLOOR: Final = 0.005
 POLL_CAP: Final = 2.0
 
+#: A fair lock's queued waiter that made no attempt for this long counts as gone (its process
+#: died, or it hangs) and leaves the queue, so it holds up the waiters behind it at most this
+#: long. Live waiters attempt at least every NOTIFY_RECHECK (notified) or POLL_CAP (polling),
+#: plus a round trip bounded by the socket timeout: well within it.
+FAIR_GONE_AFTER: Final = 5.0
+
+#: A fair lock's waiter that nobody receives a wake-up for keeps its place for this long
+#: after its last attempt (it may still be subscribing: SUBSCRIBE_TIMEOUT is 1 s); after that
+#: the release skips it at once instead of waiting out FAIR_GONE_AFTER.
+FAIR_SUBSCRIBE_GRACE: Final = 2.0
+
 
 def seconds(value: object, name: str, *, allow_zero: bool = False, allow_none: bool = False) -> float | None:
     """Validate a duration option and return it in seconds.

@@ -34,7 +34,7 @@ class _Unset:
         return "<default>"
 
 
-_SPEC_OPTIONS = ("lease", "wait", "max_hold", "on_lost", "delay_weight", "wait_strategy")
+_SPEC_OPTIONS = ("lease", "wait", "max_hold", "on_lost", "delay_weight", "wait_strategy", "fair")
 
 #: Marks an option the caller did not pass, so a named policy can supply it.
 _UNSET: Any = _Unset()
@@ -48,6 +48,7 @@ _DEFAULTS: dict[str, Any] = {
     "on_lost": None,
     "executor": None,
     "wait_strategy": "notify",
+    "fair": False,
 }
 
 
@@ -142,6 +143,7 @@ class _LockAspect:
             max_hold=options["max_hold"],
             on_lost=options["on_lost"],
             wait_strategy=options["wait_strategy"],
+            fair=options["fair"],
         )
         on_failure = options["on_failure"]
         if on_failure is not None and not callable(on_failure):
@@ -232,6 +234,7 @@ def distributed_lock(
     policy: str | None = None,
     max_hold: float | None = _UNSET,
     wait_strategy: str = _UNSET,
+    fair: bool = _UNSET,
 ) -> Callable[[F], F]:
     """Run the decorated function under a distributed lock named by ``key``.
 
@@ -269,6 +272,9 @@ def distributed_lock(
             message, falling back to bounded polling when pub/sub is unavailable;
             ``"poll"``: jittered polling bounded by the holder's remaining lease, for
             deployments without pub/sub.
+        fair: ``True`` for a fair lock: callers get it in the order they asked, across
+            processes (see :meth:`LockClient.fair_lock
+            <lockaspect.LockClient.fair_lock>`). Default ``False``.
 
     Raises:
         KeyTemplateError: At decoration, for a malformed template or a name the function
@@ -308,6 +314,7 @@ def distributed_lock(
             ("executor", executor),
             ("max_hold", max_hold),
             ("wait_strategy", wait_strategy),
+            ("fair", fair),
         )
         if value is not _UNSET
     }

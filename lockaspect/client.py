@@ -61,6 +61,8 @@ class LockSpec:
         wait_strategy: ``"notify"``: waiters wake on the release message (falling back to
             bounded polling when pub/sub is unavailable); ``"poll"``: jittered polling
             bounded by the holder's remaining lease, for stores or proxies without pub/sub.
+        fair: A fair lock: callers get it in the order they asked (see
+            :meth:`LockClient.fair_lock`).
     """
 
     lease: float | None = None
@@ -69,6 +71,7 @@ class LockSpec:
     max_hold: float | None = None
     on_lost: OnLost | None = None
     wait_strategy: str = "notify"
+    fair: bool = False
 
     @classmethod
     def create(
@@ -80,6 +83,7 @@ class LockSpec:
         max_hold: object = None,
         on_lost: object = None,
         wait_strategy: object = "notify",
+        fair: object = False,
     ) -> LockSpec:
         if on_lost is not None and not callable(on_lost):
             raise TypeError(f"on_lost must be callable, got {type(on_lost).__name__}")
@@ -87,6 +91,8 @@ class LockSpec:
             if not isinstance(wait_strategy, str):
                 raise TypeError(f"wait_strategy must be a str, got {type(wait_strategy).__name__}")
             raise ConfigurationError(f"wait_strategy must be 'notify' or 'poll', got {wait_strategy!r}")
+        if not isinstance(fair, bool):
+            raise TypeError(f"fair must be a bool, got {type(fair).__name__}")
         return cls(
             lease=_policy.lease_seconds(lease),
             delay_weight=None if delay_weight is None else _policy.check_delay_weight(delay_weight),
@@ -94,6 +100,7 @@ class LockSpec:
             max_hold=_policy.seconds(max_hold, "max_hold", allow_none=True),
             on_lost=on_lost,
             wait_strategy=str(wait_strategy),
+            fair=fair,
         )
 
 
@@ -466,6 +473,7 @@ class LockClient:
         on_lost: OnLost | None = None,
         max_hold: float | None = None,
         wait_strategy: str = "notify",
+        fair: bool = False,
     ) -> LockBlock:
         """Lock ``key`` for a ``with`` block; the block gets the :class:`Lease`.
 
@@ -490,6 +498,7 @@ class LockClient:
             and on_lost is None
             and max_hold is None
             and wait_strategy == "notify"
+            and fair is False
         ):
             spec = _DEFAULT_SPEC
         else:
@@ -500,8 +509,50 @@ class LockClient:
                 max_hold=max_hold,
                 on_lost=on_lost,
                 wait_strategy=wait_strategy,
+                fair=fair,
             )
         return LockBlock(self, check_key(key), spec)
+
+    def fair_lock(
+        self,
+        key: str,
+        *,
+        lease: float | None = None,
+        wait: float | None = 0.0,
+        delay_weight: float | None = None,
+        on_lost: OnLost | None = None,
+        max_hold: float | None = None,
+        wait_strategy: str = "notify",
+    ) -> LockBlock:
+        """Lock ``key`` fairly: waiters get the lock in the order they asked for it.
+
+        The same block, options and guarantees as :meth:`lock` (``lock(key, fair=True)``),
+        plus first come, first served across processes and within one: each waiter takes a
+        place in the key's queue on its first attempt, and a free lock goes only to the
+        first in line (a newcomer does not barge in while others wait). A waiter whose
+        process died, or that hangs, leaves the queue once it made no attempt for
+        ``FAIR_GONE_AFTER`` (5 s), so it holds up those behind it that long at most; one
+        that gives up (``wait`` runs out, cancelled) leaves at once.
+
+        ``wait=0`` tries once and never queues: it fails while others wait, even if the
+        lock is free. Fair and non-fair calls on one key exclude each other, but only fair
+        calls queue in order: use one kind per key.
+
+        Example::
+
+            with client.fair_lock("ticket-desk", wait=30) as lease:
+                serve_next_customer(fence=lease.fencing_token)
+        """
+        return self.lock(
+            key,
+            lease=lease,
+            wait=wait,
+            delay_weight=delay_weight,
+            on_lost=on_lost,
+            max_hold=max_hold,
+            wait_strategy=wait_strategy,
+            fair=True,
+        )
 
     def stats(self) -> ClientStats:
         """Counters since the client was created (renewals, lost leases, ...)."""
@@ -572,16 +623,24 @@ class LockClient:
             return self._reenter(held)
         plan = self._plan(spec)
         token = _token()
-        waiter = self._early_waiter(key, spec)
+        waiter = self._fair_waiter(spec) if spec.fair else self._early_waiter(key, spec)
         sent = self._clock()
-        result = self._try(key, token, plan.lease_time, waiter)
+        result = self._try(key, token, plan.lease_time, waiter, fair=spec.fair)
         if not result.acquired:
-            result, sent = self._wait(key, token, plan.lease_time, spec, sent, result, waiter is not None)
+            result, sent = self._wait(key, token, plan.lease_time, spec, sent, result, waiter)
         try:
             return self._new_lease(key, token, result, spec, plan, sent, None)
         except BaseException:
-            self._discard(key, token)
+            self._discard(key, token, spec.fair)
             raise
+
+    def _fair_waiter(self, spec: LockSpec) -> str | None:
+        """A fair waiter's own id (its place in the queue), or ``None`` for a try-once call.
+        Ids of waiters that will not listen for wake-ups start with "p" (see release.lua)."""
+        if spec.wait == 0:
+            return None
+        listens = self._notify and spec.wait_strategy == "notify"
+        return ("n" if listens else "p") + _urandom(8).hex()
 
     def _early_waiter(self, key: str, spec: LockSpec) -> str | None:
         """The waiter id a first attempt may queue under: when the caller would wait and this
@@ -633,6 +692,7 @@ class LockClient:
             max_hold=spec.max_hold,
             on_lost=spec.on_lost,
             renewer=renewer,
+            fair=spec.fair,
         )
         if plan.watchdog:
             self._watchdog.register(lease)
@@ -690,21 +750,29 @@ class LockClient:
             release_log.warning("%r is still held by this owner after its last release", lease.key)
 
     def _try(
-        self, key: str, token: str, lease_time: float, waiter: str | None = None, front: bool = False
+        self,
+        key: str,
+        token: str,
+        lease_time: float,
+        waiter: str | None = None,
+        front: bool = False,
+        fair: bool = False,
     ) -> AcquireResult:
         try:
+            if fair:
+                return self.backend.acquire(key, token, lease_time, waiter, False, True)
             if waiter is None:
                 return self.backend.acquire(key, token, lease_time)
             return self.backend.acquire(key, token, lease_time, waiter, front)
         except BaseException:
             # The request may have reached the store before the failure (a timeout, an
             # interrupt): make sure it leaves no lock behind.
-            self._discard(key, token)
+            self._discard(key, token, fair)
             raise
 
-    def _discard(self, key: str, token: str) -> None:
+    def _discard(self, key: str, token: str, fair: bool = False) -> None:
         try:
-            self.backend.release(key, token)
+            self.backend.release(key, token, fair)
         except BackendError:
             pass
 
@@ -716,11 +784,12 @@ class LockClient:
         spec: LockSpec,
         start: float,
         result: AcquireResult,
-        queued: bool = False,
+        waiter: str | None = None,
     ) -> tuple[AcquireResult, float]:
         """Wait for a busy lock: queue behind this process's other waiters for ``key``, then
-        retry on each release message (or by bounded polling) until the deadline. ``queued``:
-        the failed attempt already put this process in the lock's waiter queue."""
+        retry on each release message (or by bounded polling) until the deadline. ``waiter``:
+        the id under which the failed attempt queued (the process's, or a fair waiter's own:
+        fair waiters keep their own places and do not coalesce)."""
         deadline = _policy.wait_deadline(start, spec.wait)
         if deadline is not None and self._clock() >= deadline:
             raise self._not_acquired(key, spec, start, result, 1)
@@ -728,6 +797,9 @@ class LockClient:
             ends = "with no expiry" if result.holder_ttl is None else f"in {result.holder_ttl:.3f}s"
             limit = "forever" if spec.wait is None else f"up to {spec.wait:g}s"
             log.debug("%r is busy (the holder's lease ends %s); waiting %s", key, ends, limit)
+        if spec.fair:
+            return self._wait_turn(key, token, lease_time, spec, start, deadline, result, None, waiter)
+        queued = waiter is not None
         slot = self._join_slot(key)
         try:
             # Same-process waiters coalesce: only the one holding the slot talks to the store.
@@ -743,7 +815,9 @@ class LockClient:
             else:
                 raise self._not_acquired(key, spec, start, result, 1)
             try:
-                return self._wait_turn(key, token, lease_time, spec, start, deadline, result, slot, queued)
+                return self._wait_turn(
+                    key, token, lease_time, spec, start, deadline, result, slot, waiter if queued else None
+                )
             finally:
                 slot.lock.release()
         finally:
@@ -758,13 +832,19 @@ class LockClient:
         start: float,
         deadline: float | None,
         result: AcquireResult,
-        slot: _Slot,
-        queued: bool,
+        slot: _Slot | None,
+        queued: str | None,
     ) -> tuple[AcquireResult, float]:
+        """Retry until acquired or the deadline. ``slot``: this process's turn for ``key``
+        (``None`` for a fair waiter, which waits on its own); ``queued``: the id under which
+        the failed attempt queued, if it did."""
         clock = self._clock
+        fair = spec.fair
         notifier = self.backend.notifier() if self._notify and spec.wait_strategy == "notify" else None
         subscription: Subscription | None = None
-        waiter: str | None = None  # our id in the lock's waiter queue, once subscribed
+        # Our id in the lock's waiter queue: a fair waiter's own from the start, the
+        # process's once subscribed.
+        waiter: str | None = queued if fair else None
         woken = False
         attempt = 0
         tries = 1
@@ -777,13 +857,13 @@ class LockClient:
                     raise ConfigurationError("the LockClient was closed while waiting", key=key)
                 if notifier is not None and subscription is None:
                     remaining = SUBSCRIBE_TIMEOUT if deadline is None else min(SUBSCRIBE_TIMEOUT, deadline - now)
-                    subscription = notifier.subscribe(key, remaining)
-                    if subscription.active:
+                    subscription = notifier.subscribe(key, remaining, waiter)
+                    if subscription.active and not fair:
                         waiter = notifier.waiter_id
-                        if queued:
+                        if queued is not None:
                             continue  # queued by the failed attempt: wait for the wake-up
                     # Subscribed: retry at once (and queue for a wake-up), the holder may have
-                    # released meanwhile.
+                    # released meanwhile (a fair waiter may be first in line by now).
                 else:
                     pause = _policy.retry_sleep(
                         now=now,
@@ -799,7 +879,7 @@ class LockClient:
                     attempt += 1
                 sent = clock()
                 # Woken for this release but beaten to it: keep the head of the queue.
-                result = self._try(key, token, lease_time, waiter, woken)
+                result = self._try(key, token, lease_time, waiter, woken, fair)
                 tries += 1
                 if result.acquired:
                     waiter = None  # the acquire script took us off the queue
@@ -807,11 +887,11 @@ class LockClient:
         finally:
             if subscription is not None and notifier is not None:
                 notifier.unsubscribe(subscription)
-            if waiter is not None and slot.users == 1:
+            if waiter is not None and (slot is None or slot.users == 1):
                 # Gave up with no other waiter of ours to take over: leave the queue, so a
                 # release wakes someone still waiting.
                 try:
-                    self.backend.unqueue(key, waiter)
+                    self.backend.unqueue(key, waiter, fair)
                 except BackendError:
                     pass
 
@@ -884,7 +964,7 @@ class LockClient:
             return
         code: ReleaseResult | BackendError
         try:
-            code = self.backend.release(lease.key, lease.token)
+            code = self.backend.release(lease.key, lease.token, lease.fair)
         except BackendError as exc:
             code = exc
         self._release_done(lease, last, code)
@@ -1026,15 +1106,15 @@ class LockClient:
             return await self._areenter(held, state)
         plan = self._plan(spec)
         token = _token()
-        waiter = self._early_async_waiter(state, key, spec)
+        waiter = self._fair_waiter(spec) if spec.fair else self._early_async_waiter(state, key, spec)
         sent = self._clock()
-        result = await self._atry(state, key, token, plan.lease_time, waiter)
+        result = await self._atry(state, key, token, plan.lease_time, waiter, fair=spec.fair)
         if not result.acquired:
-            result, sent = await self._await(state, key, token, plan.lease_time, spec, sent, result, waiter is not None)
+            result, sent = await self._await(state, key, token, plan.lease_time, spec, sent, result, waiter)
         try:
             return self._new_lease(key, token, result, spec, plan, sent, state.renewer)
         except BaseException:
-            await self._adiscard(state, key, token)
+            await self._adiscard(state, key, token, spec.fair)
             raise
 
     def _early_async_waiter(self, state: _LoopState, key: str, spec: LockSpec) -> str | None:
@@ -1055,23 +1135,26 @@ class LockClient:
         lease_time: float,
         waiter: str | None = None,
         front: bool = False,
+        fair: bool = False,
     ) -> AcquireResult:
         try:
-            if waiter is None:
-                result: AcquireResult = await state.backend.acquire(key, token, lease_time)
+            if fair:
+                result: AcquireResult = await state.backend.acquire(key, token, lease_time, waiter, False, True)
+            elif waiter is None:
+                result = await state.backend.acquire(key, token, lease_time)
             else:
                 result = await state.backend.acquire(key, token, lease_time, waiter, front)
         except BaseException:
             # Cancelled or failed after the request may have reached the store: release the
             # token before giving up (a release with a token that holds nothing is a no-op).
-            await self._adiscard(state, key, token)
+            await self._adiscard(state, key, token, fair)
             raise
         return result
 
-    async def _adiscard(self, state: _LoopState, key: str, token: str) -> None:
+    async def _adiscard(self, state: _LoopState, key: str, token: str, fair: bool = False) -> None:
         async def discard() -> None:
             try:
-                await state.backend.release(key, token)
+                await state.backend.release(key, token, fair)
             except BackendError:
                 pass
 
@@ -1086,13 +1169,16 @@ class LockClient:
         spec: LockSpec,
         start: float,
         result: AcquireResult,
-        queued: bool = False,
+        waiter: str | None = None,
     ) -> tuple[AcquireResult, float]:
         """:meth:`_wait` for a task: queue behind this loop's other waiters for ``key``."""
         _raise_if_cancel_lost()
         deadline = _policy.wait_deadline(start, spec.wait)
         if deadline is not None and self._clock() >= deadline:
             raise self._not_acquired(key, spec, start, result, 1)
+        if spec.fair:
+            return await self._await_turn(state, key, token, lease_time, spec, start, deadline, result, None, waiter)
+        queued = waiter is not None
         slot = state.join_slot(key)
         try:
             if slot.users > 1:
@@ -1110,7 +1196,7 @@ class LockClient:
                     raise self._not_acquired(key, spec, start, result, 1) from None
             try:
                 return await self._await_turn(
-                    state, key, token, lease_time, spec, start, deadline, result, slot, queued
+                    state, key, token, lease_time, spec, start, deadline, result, slot, waiter if queued else None
                 )
             finally:
                 slot.lock.release()
@@ -1127,13 +1213,15 @@ class LockClient:
         start: float,
         deadline: float | None,
         result: AcquireResult,
-        slot: _AsyncSlot,
-        queued: bool,
+        slot: _AsyncSlot | None,
+        queued: str | None,
     ) -> tuple[AcquireResult, float]:
+        """:meth:`_wait_turn` for a task."""
         clock = self._clock
+        fair = spec.fair
         notifier = state.backend.notifier() if self._notify and spec.wait_strategy == "notify" else None
         subscription: Any = None
-        waiter: str | None = None
+        waiter: str | None = queued if fair else None
         woken = False
         attempt = 0
         tries = 1
@@ -1147,13 +1235,13 @@ class LockClient:
                     raise ConfigurationError("the LockClient was closed while waiting", key=key)
                 if notifier is not None and subscription is None:
                     remaining = SUBSCRIBE_TIMEOUT if deadline is None else min(SUBSCRIBE_TIMEOUT, deadline - now)
-                    subscription = await notifier.subscribe(key, remaining)
-                    if subscription.active:
+                    subscription = await notifier.subscribe(key, remaining, waiter)
+                    if subscription.active and not fair:
                         waiter = notifier.waiter_id
-                        if queued:
+                        if queued is not None:
                             continue  # queued by the failed attempt: wait for the wake-up
                     # Subscribed: retry at once (and queue for a wake-up), the holder may have
-                    # released meanwhile.
+                    # released meanwhile (a fair waiter may be first in line by now).
                 else:
                     pause = _policy.retry_sleep(
                         now=now,
@@ -1169,7 +1257,7 @@ class LockClient:
                     attempt += 1
                 sent = clock()
                 # Woken for this release but beaten to it: keep the head of the queue.
-                result = await self._atry(state, key, token, lease_time, waiter, woken)
+                result = await self._atry(state, key, token, lease_time, waiter, woken, fair)
                 tries += 1
                 if result.acquired:
                     waiter = None  # the acquire script took us off the queue
@@ -1177,12 +1265,12 @@ class LockClient:
         finally:
             if subscription is not None and notifier is not None:
                 notifier.unsubscribe(subscription)
-            if waiter is not None and slot.users == 1:
+            if waiter is not None and (slot is None or slot.users == 1):
                 # Gave up with no other waiter of ours to take over: leave the queue (shielded:
                 # this may run while the waiter is being cancelled).
                 async def unqueue() -> None:
                     try:
-                        await state.backend.unqueue(key, waiter)
+                        await state.backend.unqueue(key, waiter, fair)
                     except BackendError:
                         pass
 
@@ -1206,7 +1294,7 @@ class LockClient:
             with contextlib.suppress(BaseException):
                 result = await attempt
                 if result.acquired:
-                    await _shielded(state, state.backend.release(lease.key, lease.token))
+                    await _shielded(state, state.backend.release(lease.key, lease.token, lease.fair))
             raise
         if not result.acquired:
             self._lost_here(lease, "not-owner")
@@ -1234,7 +1322,7 @@ class LockClient:
             return
         code: ReleaseResult | BackendError
         try:
-            code = await state.backend.release(lease.key, lease.token)
+            code = await state.backend.release(lease.key, lease.token, lease.fair)
         except BackendError as exc:
             code = exc
         self._release_done(lease, last, code)

@@ -62,6 +62,7 @@ class Lease:
         acquired_at: Wall-clock time of the acquisition (``time.time()``).
         lease_time: Seconds of lease asked for at each (re)newal.
         watchdog: ``True`` when the watchdog renews the lease until the call completes.
+        fair: ``True`` for a fair lock (its release wakes the fair queue's first waiter).
     """
 
     __slots__ = (
@@ -82,6 +83,7 @@ class Lease:
         "_timeout",
         "_wd_state",
         "acquired_at",
+        "fair",
         "fencing_token",
         "key",
         "lease_time",
@@ -103,8 +105,10 @@ class Lease:
         max_hold: float | None,
         on_lost: Callable[[Lease], object] | None,
         renewer: Any = None,
+        fair: bool = False,
     ) -> None:
         self.key = key
+        self.fair = fair
         self.token = token
         self.fencing_token = fencing_token
         self.acquired_at = time.time()

@@ -82,10 +82,11 @@ class Notifier(Protocol):
     #: first queued waiter, on a channel of that waiter's own.
     waiter_id: str
 
-    def subscribe(self, key: str, timeout: float) -> Subscription:
-        """Register for release messages of ``key``; waits up to ``timeout`` for the store
-        to confirm. A subscription that is not confirmed reports ``active == False`` and
-        the waiter falls back to bounded polling."""
+    def subscribe(self, key: str, timeout: float, waiter: str | None = None) -> Subscription:
+        """Register for release messages of ``key`` (for ``waiter``, default
+        :attr:`waiter_id`); waits up to ``timeout`` for the store to confirm. A
+        subscription that is not confirmed reports ``active == False`` and the waiter falls
+        back to bounded polling."""
         ...
 
     def listening(self, key: str) -> bool:
@@ -103,18 +104,26 @@ class Backend(Protocol):
     capabilities: Capability
 
     def acquire(
-        self, key: str, token: str, lease: float, waiter: str | None = None, front: bool = False
+        self,
+        key: str,
+        token: str,
+        lease: float,
+        waiter: str | None = None,
+        front: bool = False,
+        fair: bool = False,
     ) -> AcquireResult:
         """Take ``key`` for ``token`` for ``lease`` seconds, or report the holder's TTL.
 
         Idempotent for a token that already holds the lock (a retried request does not
         add a hold): re-entry is :meth:`reenter`. With ``waiter`` (a notifier's
         ``waiter_id``), a busy attempt queues that waiter for a wake-up on release (at the
-        head with ``front``), and a successful one takes it off the queue.
+        head with ``front``), and a successful one takes it off the queue. With ``fair``,
+        the fair lock's queue: a free lock goes only to its first live waiter (or to anyone
+        when nobody queues).
         """
         ...
 
-    def unqueue(self, key: str, waiter: str) -> None:
+    def unqueue(self, key: str, waiter: str, fair: bool = False) -> None:
         """Take ``waiter`` off ``key``'s queue: it stopped waiting."""
         ...
 
@@ -123,8 +132,9 @@ class Backend(Protocol):
         Never takes a free lock and never changes the lease."""
         ...
 
-    def release(self, key: str, token: str) -> ReleaseResult:
-        """Drop one hold of ``token``; at zero delete the lock and wake waiters."""
+    def release(self, key: str, token: str, fair: bool = False) -> ReleaseResult:
+        """Drop one hold of ``token``; at zero delete the lock and wake the next waiter (of
+        the fair lock's queue with ``fair``)."""
         ...
 
     def renew(self, leases: Sequence[tuple[str, str, float]]) -> list[bool]:

@@ -36,6 +36,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 from redis.retry import Retry
 
+from .._policy import FAIR_GONE_AFTER, FAIR_SUBSCRIBE_GRACE
 from ..errors import BackendError, ConfigurationError
 from ._channels import ChannelTable
 from .base import AcquireResult, Capability, ReleaseResult
@@ -253,14 +254,38 @@ class _RedisLocks:
     def _lock(self, key: str) -> bytes:
         return f"{self.namespace}{{{key}}}".encode()
 
+    def fair_queue_key(self, key: str) -> str:
+        """The fair lock's waiter queue, in arrival order (see acquire.lua)."""
+        return f"{self.namespace}{{{key}}}:fair"
+
     @staticmethod
     def _acquire_request(
-        lock: bytes, token: str, lease: float, waiter: str | None, front: bool
+        lock: bytes, token: str, lease: float, waiter: str | None, front: bool, fair: bool
     ) -> tuple[tuple[bytes, ...], tuple[bytes, ...]]:
+        if fair:
+            # Without a waiter id ("": a try-once call) the attempt is still fair, but queues nothing.
+            fair_keys = (lock, lock + b":fence", lock + b":fair", lock + b":fair:seen")
+            return fair_keys, (token.encode(), b"%d" % _ms(lease), (waiter or "").encode(), b"fair", _FAIR_GONE_MS)
         keys = (lock, lock + b":fence", lock + b":waiters")
         if waiter is None:
             return keys, (token.encode(), b"%d" % _ms(lease))
         return keys, (token.encode(), b"%d" % _ms(lease), waiter.encode(), b"front" if front else b"back")
+
+    @staticmethod
+    def _release_request(lock: bytes, token: str, fair: bool) -> tuple[tuple[bytes, ...], tuple[bytes, ...]]:
+        if fair:
+            return (lock, lock + b":fair", lock + b":fair:seen"), (
+                token.encode(),
+                b"fair",
+                _FAIR_GONE_MS,
+                _FAIR_GRACE_MS,
+            )
+        return (lock, lock + b":waiters"), (token.encode(),)
+
+    @staticmethod
+    def _unqueue_request(lock: bytes, waiter: str, fair: bool) -> tuple[tuple[bytes, ...], tuple[bytes, ...]]:
+        keys = (lock + b":fair", lock + b":fair:seen") if fair else (lock + b":waiters",)
+        return keys, (waiter.encode(),)
 
     @staticmethod
     def _acquired(reply: int) -> AcquireResult:
@@ -337,20 +362,26 @@ class RedisBackend(_RedisLocks):
         return AsyncRedisBackend.from_url(self._url, namespace=self.namespace, **self._options)
 
     def acquire(
-        self, key: str, token: str, lease: float, waiter: str | None = None, front: bool = False
+        self,
+        key: str,
+        token: str,
+        lease: float,
+        waiter: str | None = None,
+        front: bool = False,
+        fair: bool = False,
     ) -> AcquireResult:
-        keys, args = self._acquire_request(self._lock(key), token, lease, waiter, front)
+        keys, args = self._acquire_request(self._lock(key), token, lease, waiter, front, fair)
         try:
             reply = self._acquire.run(self._wire, self.redis, keys, args)
         except RedisError as exc:
             raise map_redis_error(exc, key, "acquire") from exc
         return self._acquired(reply)
 
-    def unqueue(self, key: str, waiter: str) -> None:
+    def unqueue(self, key: str, waiter: str, fair: bool = False) -> None:
         """Take ``waiter`` off ``key``'s waiter queue (it stopped waiting)."""
-        lock = self._lock(key)
+        keys, args = self._unqueue_request(self._lock(key), waiter, fair)
         try:
-            self._unqueue.run(self._wire, self.redis, (lock + b":waiters",), (waiter.encode(),))
+            self._unqueue.run(self._wire, self.redis, keys, args)
         except RedisError as exc:
             raise map_redis_error(exc, key, "unqueue") from exc
 
@@ -361,10 +392,10 @@ class RedisBackend(_RedisLocks):
             raise map_redis_error(exc, key, "re-enter") from exc
         return self._reentered(holds)
 
-    def release(self, key: str, token: str) -> ReleaseResult:
-        lock = self._lock(key)
+    def release(self, key: str, token: str, fair: bool = False) -> ReleaseResult:
+        keys, args = self._release_request(self._lock(key), token, fair)
         try:
-            code = self._release.run(self._wire, self.redis, (lock, lock + b":waiters"), (token.encode(),))
+            code = self._release.run(self._wire, self.redis, keys, args)
         except RedisError as exc:
             raise map_redis_error(exc, key, "release") from exc
         return _RELEASE_CODES[code]
@@ -420,6 +451,10 @@ def _ms(seconds: float) -> int:
     return max(1, int(seconds * 1000))
 
 
+_FAIR_GONE_MS = b"%d" % _ms(FAIR_GONE_AFTER)
+_FAIR_GRACE_MS = b"%d" % _ms(FAIR_SUBSCRIBE_GRACE)
+
+
 _RELEASE_CODES = {code.value: code for code in ReleaseResult}
 
 
@@ -470,8 +505,8 @@ class RedisNotifier:
         self._closed = False
         self._unavailable_until = 0.0
 
-    def subscribe(self, key: str, timeout: float) -> _Subscription:
-        sub = _Subscription(self._channel_for(key, self.waiter_id).encode())
+    def subscribe(self, key: str, timeout: float, waiter: str | None = None) -> _Subscription:
+        sub = _Subscription(self._channel_for(key, waiter or self.waiter_id).encode())
         now = time.monotonic()
         deadline = now + timeout
         with self._lock:
@@ -484,9 +519,9 @@ class RedisNotifier:
                     log.warning("cannot subscribe to %r, waiting by polling: %s", sub.channel, exc)
                     # Nothing will answer that SUBSCRIBE: forget the subscriber connection's
                     # channels, as when the reader loses it, or this one waits for it forever.
-                    for waiter in self._table.reset():
-                        if waiter is not sub:
-                            waiter.wake()
+                    for other in self._table.reset():
+                        if other is not sub:
+                            other.wake()
                     return sub
             # Stop waiting when the reader gave up (it resets the table and clears _pubsub).
             while not self._table.subscribed(sub.channel) and not self._closed and self._pubsub is not None:
@@ -706,19 +741,25 @@ class AsyncRedisBackend(_RedisLocks):
         return cls(no_retry_async_client(url, **options), namespace=namespace)
 
     async def acquire(
-        self, key: str, token: str, lease: float, waiter: str | None = None, front: bool = False
+        self,
+        key: str,
+        token: str,
+        lease: float,
+        waiter: str | None = None,
+        front: bool = False,
+        fair: bool = False,
     ) -> AcquireResult:
-        keys, args = self._acquire_request(self._lock(key), token, lease, waiter, front)
+        keys, args = self._acquire_request(self._lock(key), token, lease, waiter, front, fair)
         try:
             reply = await _run_async(self._acquire, self._wire, self.redis, keys, args)
         except RedisError as exc:
             raise map_redis_error(exc, key, "acquire") from exc
         return self._acquired(reply)
 
-    async def unqueue(self, key: str, waiter: str) -> None:
-        lock = self._lock(key)
+    async def unqueue(self, key: str, waiter: str, fair: bool = False) -> None:
+        keys, args = self._unqueue_request(self._lock(key), waiter, fair)
         try:
-            await _run_async(self._unqueue, self._wire, self.redis, (lock + b":waiters",), (waiter.encode(),))
+            await _run_async(self._unqueue, self._wire, self.redis, keys, args)
         except RedisError as exc:
             raise map_redis_error(exc, key, "unqueue") from exc
 
@@ -729,12 +770,10 @@ class AsyncRedisBackend(_RedisLocks):
             raise map_redis_error(exc, key, "re-enter") from exc
         return self._reentered(holds)
 
-    async def release(self, key: str, token: str) -> ReleaseResult:
-        lock = self._lock(key)
+    async def release(self, key: str, token: str, fair: bool = False) -> ReleaseResult:
+        keys, args = self._release_request(self._lock(key), token, fair)
         try:
-            code = await _run_async(
-                self._release, self._wire, self.redis, (lock, lock + b":waiters"), (token.encode(),)
-            )
+            code = await _run_async(self._release, self._wire, self.redis, keys, args)
         except RedisError as exc:
             raise map_redis_error(exc, key, "release") from exc
         return _RELEASE_CODES[code]
@@ -825,8 +864,8 @@ class AsyncRedisNotifier:
         self._closed = False
         self._unavailable_until = 0.0
 
-    async def subscribe(self, key: str, timeout: float) -> _AsyncSubscription:
-        sub = _AsyncSubscription(self._channel_for(key, self.waiter_id).encode())
+    async def subscribe(self, key: str, timeout: float, waiter: str | None = None) -> _AsyncSubscription:
+        sub = _AsyncSubscription(self._channel_for(key, waiter or self.waiter_id).encode())
         now = time.monotonic()
         if self._closed or now < self._unavailable_until:
             return sub
@@ -838,9 +877,9 @@ class AsyncRedisNotifier:
                     log.warning("cannot subscribe to %r, waiting by polling: %s", sub.channel, exc)
                     # Nothing will answer that SUBSCRIBE: forget the subscriber connection's
                     # channels, as when the reader loses it, or this one waits for it forever.
-                    for waiter in self._table.reset():
-                        if waiter is not sub:
-                            waiter.wake()
+                    for other in self._table.reset():
+                        if other is not sub:
+                            other.wake()
                     return sub
         if not self._table.subscribed(sub.channel):
             try:

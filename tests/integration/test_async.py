@@ -1631,10 +1631,10 @@ class TestCancellation:
             real = backend.release
             releasing, proceed = asyncio.Event(), asyncio.Event()
 
-            async def release(key: str, token: str) -> Any:
+            async def release(key: str, token: str, fair: bool = False) -> Any:
                 releasing.set()
                 await proceed.wait()
-                return await real(key, token)
+                return await real(key, token, fair)
 
             backend.release = release
             task = asyncio.create_task(decorated() if form == "decorator" else with_block())

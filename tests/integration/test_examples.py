@@ -41,6 +41,7 @@ def test_there_are_examples() -> None:
         "fencing_redis.py",
         "fencing_sql.py",
         "methods_and_executor.py",
+        "fair_queue.py",
     }
 
 

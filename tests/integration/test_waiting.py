@@ -19,6 +19,9 @@ import asyncio
 import concurrent.futures
 import functools
 import logging
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -27,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from lockaspect import ConfigurationError, LockClient, LockNotAcquired, _policy, config, distributed_lock
+from lockaspect import ConfigurationError, LockClient, LockNotAcquired, _policy, config, current_lease, distributed_lock
 from lockaspect.testing import LockServer
 
 #: Holders' fixed lease: nothing in these tests can end it, only a release can.
@@ -678,3 +681,213 @@ class TestWaitStrategyOption:
             policies.write_text('[locks."reports"]\nwait_strategy = 42\n')
         with pytest.raises(ConfigurationError, match="wait_strategy"):
             config.configure(policies=policies)
+
+
+# -- the fair lock ---------------------------------------------------------------------------
+
+
+def fair_queue(store: Store, client: LockClient, key: str) -> list[str]:
+    """The fair lock's queue of waiter ids, first in line first."""
+    return [item.decode() for item in store.redis.lrange(client.backend.fair_queue_key(key), 0, -1)]
+
+
+def queue_phantom(store: Store, client: LockClient, key: str, waiter: str, seen_ago: float) -> None:
+    """Put a waiter nobody listens for at the end of ``key``'s fair queue, last seen ``seen_ago`` s ago."""
+    queue = client.backend.fair_queue_key(key)
+    seconds, micros = store.redis.time()
+    store.redis.rpush(queue, waiter)
+    store.redis.hset(queue + ":seen", waiter, seconds * 1000 + micros // 1000 - int(seen_ago * 1000))
+
+
+FAIR_CHILD = """
+import sys
+import redis
+from lockaspect import LockClient
+
+url, namespace, key, who = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+with LockClient.from_url(url, namespace=namespace) as client:
+    with client.fair_lock(key, wait=None, lease=30):
+        redis.Redis.from_url(url).rpush(namespace + "entered", who)
+"""
+
+
+class TestFairLock:
+    WAITERS = 4
+
+    def test_waiters_get_the_lock_in_arrival_order_one_attempt_per_handoff(
+        self, mode: Mode, clients: Callable[..., LockClient], store: Store
+    ) -> None:
+        """Waiters of two clients, interleaved, each with a place of its own: served in arrival order."""
+        holder, first, second = clients(), clients(), clients()
+        exclusion = Exclusion()
+        futures = []
+        with holder.fair_lock("desk", lease=HOLD):
+            for who in range(self.WAITERS):
+                waiter = first if who % 2 == 0 else second
+                futures.append(mode.submit(waiter, "desk", exclusion, who, wait=None, lease=HOLD, fair=True))
+                wait_until(lambda n=who + 1: len(fair_queue(store, holder, "desk")) == n, f"waiter {who} queued")
+            assert len(set(fair_queue(store, holder, "desk"))) == self.WAITERS, "one place per waiter"
+            released_at = store.acquire_attempts()
+        tokens = results(futures)
+        assert exclusion.entered == list(range(self.WAITERS))
+        assert exclusion.most_inside == 1
+        assert tokens == sorted(tokens)
+        assert store.acquire_attempts() - released_at == self.WAITERS, "one attempt per handoff"
+        assert store.publishes() == self.WAITERS
+        assert fair_queue(store, holder, "desk") == []
+        assert store.redis.exists(holder.backend.fair_queue_key("desk") + ":seen") == 0
+
+    def test_free_lock_goes_to_the_first_in_line_not_to_a_newcomer(
+        self, mode: Mode, clients: Callable[..., LockClient], store: Store
+    ) -> None:
+        """While a live waiter is first in line, a fair newcomer cannot take the free lock; a non-fair one can."""
+        client = clients()
+        queue_phantom(store, client, "line", "n" + "1" * 16, seen_ago=0)
+        with pytest.raises(LockNotAcquired) as caught:
+            results([mode.submit(client, "line", Exclusion(), wait=0, fair=True)])
+        assert caught.value.holder_ttl is not None, "how long the first in line may take"
+        with pytest.raises(LockNotAcquired):
+            results([mode.submit(client, "line", Exclusion(), wait=0.3, fair=True)])
+        assert fair_queue(store, client, "line") == ["n" + "1" * 16], "the newcomer left the queue on giving up"
+        assert results([mode.submit(client, "line", Exclusion(), wait=0)])[0] > 0, "a non-fair lock barges in"
+
+    def test_gone_waiter_first_in_line_is_dropped(
+        self, mode: Mode, clients: Callable[..., LockClient], store: Store
+    ) -> None:
+        """A queued waiter not seen for FAIR_GONE_AFTER no longer blocks the free lock."""
+        client = clients()
+        queue_phantom(store, client, "stale", "n" + "2" * 16, seen_ago=_policy.FAIR_GONE_AFTER + 1)
+        assert results([mode.submit(client, "stale", Exclusion(), wait=0, fair=True)])[0] > 0
+        assert fair_queue(store, client, "stale") == []
+
+    def test_release_skips_a_first_in_line_nobody_listens_to(
+        self, mode: Mode, clients: Callable[..., LockClient], store: Store
+    ) -> None:
+        """Past its subscribe grace, a waiter with no listener is skipped by the release: the next is woken at once."""
+        holder, waiter = clients(), clients()
+        exclusion = Exclusion()
+        with holder.fair_lock("skip", lease=HOLD):
+            queue_phantom(store, holder, "skip", "n" + "3" * 16, seen_ago=_policy.FAIR_SUBSCRIBE_GRACE + 1)
+            future = mode.submit(waiter, "skip", exclusion, wait=None, lease=HOLD, fair=True)
+            wait_until(lambda: len(fair_queue(store, holder, "skip")) == 2, "the live waiter queued")
+            released_at = store.acquire_attempts()
+        assert results([future])[0] > 0
+        assert store.acquire_attempts() - released_at == 1
+        assert fair_queue(store, holder, "skip") == []
+
+    def test_polling_waiter_keeps_its_place(self, mode: Mode, clients: Callable[..., LockClient], store: Store) -> None:
+        """wait_strategy="poll" on a fair lock: not skipped for having no listener, still served in order."""
+        holder, poller, notified = clients(), clients(), clients()
+        exclusion = Exclusion()
+        with holder.fair_lock("polls", lease=HOLD):
+            first = mode.submit(poller, "polls", exclusion, 0, wait=None, lease=HOLD, fair=True, wait_strategy="poll")
+            wait_until(lambda: len(fair_queue(store, holder, "polls")) == 1, "the poller queued")
+            assert fair_queue(store, holder, "polls")[0].startswith("p")
+            second = mode.submit(notified, "polls", exclusion, 1, wait=None, lease=HOLD, fair=True)
+            wait_until(lambda: len(fair_queue(store, holder, "polls")) == 2, "the notified waiter queued")
+        results([first, second])
+        assert exclusion.entered == [0, 1]
+
+    def test_reentry_and_decorator(self, mode: Mode, clients: Callable[..., LockClient], store: Store) -> None:
+        """A fair lock re-enters in one context, and @distributed_lock(fair=True) takes the same lock."""
+        client = clients()
+        if mode.loop is None:
+
+            @distributed_lock("job:<n>", fair=True, client=client)
+            def job(n: int) -> tuple[int, int]:
+                with client.fair_lock(f"job:{n}") as inner:
+                    return inner.fencing_token, inner._holds
+
+            fence, holds = mode.call(lambda: job(7))
+        else:
+
+            @distributed_lock("job:<n>", fair=True, client=client)
+            async def ajob(n: int) -> tuple[int, int]:
+                async with client.fair_lock(f"job:{n}") as inner:
+                    return inner.fencing_token, inner._holds
+
+            fence, holds = mode.call(lambda: ajob(7))
+        assert fence > 0
+        assert holds == 2
+        assert store.redis.exists(client.backend.lock_key("job:7")) == 0
+
+    def test_waiters_of_several_processes_are_served_in_arrival_order(
+        self, clients: Callable[..., LockClient], store: Store, namespace: str, mode: Mode
+    ) -> None:
+        """Three processes queue one after another behind a holder and enter in that order."""
+        if mode.loop is not None:
+            pytest.skip("processes: one run is enough")
+        holder = clients()
+        children = []
+        try:
+            with holder.fair_lock("procs", lease=HOLD):
+                for who in range(3):
+                    children.append(
+                        subprocess.Popen(
+                            [sys.executable, "-c", FAIR_CHILD, store.server.url, namespace, "procs", str(who)]
+                        )
+                    )
+                    wait_until(lambda n=who + 1: len(fair_queue(store, holder, "procs")) == n, f"process {who} queued")
+            for child in children:
+                assert child.wait(LIVENESS) == 0
+        finally:
+            for child in children:
+                child.kill()
+        assert store.redis.lrange(namespace + "entered", 0, -1) == [b"0", b"1", b"2"]
+
+    def test_killed_waiter_holds_up_the_queue_only_for_a_bounded_time(
+        self,
+        clients: Callable[..., LockClient],
+        store: Store,
+        namespace: str,
+        mode: Mode,
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        """A waiter SIGKILLed while first in line: the next waiter still gets the lock once the holder releases."""
+        if mode.loop is not None:
+            pytest.skip("processes: one run is enough")
+        # The live waiter re-checks as in production, so it notices when the dead one is gone.
+        monkeypatch.setattr(_policy, "NOTIFY_RECHECK", 1.0)
+        holder, waiter = clients(), clients()
+        exclusion = Exclusion()
+        with holder.fair_lock("killed", lease=HOLD):
+            child = subprocess.Popen([sys.executable, "-c", FAIR_CHILD, store.server.url, namespace, "killed", "0"])
+            try:
+                wait_until(lambda: len(fair_queue(store, holder, "killed")) == 1, "the child queued")
+            finally:
+                child.send_signal(signal.SIGKILL)
+                child.wait(LIVENESS)
+            future = mode.submit(waiter, "killed", exclusion, 1, wait=None, lease=HOLD, fair=True)
+            wait_until(lambda: len(fair_queue(store, holder, "killed")) == 2, "the live waiter queued")
+        # FAIR_GONE_AFTER (5 s) bounds the delay: well inside LIVENESS
+        assert results([future])[0] > 0
+        assert exclusion.entered == [1]
+        assert store.redis.lrange(namespace + "entered", 0, -1) == []
+        assert fair_queue(store, holder, "killed") == []
+
+
+class TestFairOption:
+    @pytest.mark.parametrize("value", ["yes", 1, None])
+    def test_decorator_rejects_a_non_bool_fair_at_decoration(self, value: object) -> None:
+        with pytest.raises(TypeError, match="fair"):
+
+            @distributed_lock("k", fair=value)
+            def work() -> None: ...
+
+    def test_client_lock_rejects_a_non_bool_fair(self, lock_client: LockClient) -> None:
+        with pytest.raises(TypeError, match="fair"):
+            lock_client.lock("k", fair="yes")  # type: ignore[arg-type]
+
+    def test_policy_rejects_a_non_bool_fair(self) -> None:
+        with pytest.raises(ConfigurationError, match="fair"):
+            config.configure(policies={"desk": {"fair": "always"}})
+
+    def test_policy_makes_the_lock_fair(self, lock_client: LockClient) -> None:
+        config.configure(policies={"desk": {"key": "desk", "fair": True, "wait": 1.0}})
+
+        @distributed_lock(policy="desk", client=lock_client)
+        def serve() -> bool:
+            lease = current_lease()
+            return lease is not None and lease.fair
+
+        assert serve() is True

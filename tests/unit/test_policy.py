@@ -419,3 +419,29 @@ class TestDefaultDelayWeight:
         """A lease that cannot leave the margin at all is a ConfigurationError naming the bound."""
         with pytest.raises(ConfigurationError, match=r"0\.400s"):
             _policy.default_delay_weight(0.3, 0.1)
+
+
+class TestFairLockBounds:
+    def test_a_live_fair_waiter_is_never_counted_gone(self) -> None:
+        """A waiting fair waiter's longest gap between attempts (its longest sleep, plus one
+        round trip cut off by the socket timeout) stays below FAIR_GONE_AFTER."""
+        from lockaspect.backends.redis import DEFAULT_SOCKET_TIMEOUT
+
+        for hint in (None, 0.001, 1.0, 30.0):
+            for jitter in (0.0, 0.999999):
+                for notified in (True, False):
+                    sleep = retry_sleep(
+                        now=0.0,
+                        deadline=None,
+                        holder_ttl=hint,
+                        attempt=64,
+                        notified=notified,
+                        rng=FixedRandom(jitter),
+                    )
+                    assert sleep + DEFAULT_SOCKET_TIMEOUT < _policy.FAIR_GONE_AFTER
+
+    def test_subscribe_grace_outlasts_the_subscribe_timeout(self) -> None:
+        """A fair waiter that is still subscribing is not skipped as gone by a release."""
+        from lockaspect.client import SUBSCRIBE_TIMEOUT
+
+        assert SUBSCRIBE_TIMEOUT < _policy.FAIR_SUBSCRIBE_GRACE < _policy.FAIR_GONE_AFTER
