@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint typecheck unit bench clean
+.PHONY: demo test lint typecheck unit bench bench-async clean
 
 $(BIN)/python:
 	@$(PYTHON) .ci/bootstrap_venv.py $(VENV)
@@ -35,10 +35,16 @@ typecheck: $(VENV)/.installed-test
 unit: $(VENV)/.installed-test
 	$(BIN)/python -m pytest tests/unit
 
-## bench: compare lockaspect with its peers (not a test; prints a table)
+## bench: compare lockaspect with its peers (not a test; prints tables)
 bench: $(VENV)/.installed-test
 	$(BIN)/python -m pip install --quiet -e '.[bench]'
 	$(BIN)/python bench/bench_core.py
+	$(BIN)/python bench/bench_kinds.py
+
+## bench-async: asyncio cycles and multi-process contention (about 10 minutes)
+bench-async: $(VENV)/.installed-test
+	$(BIN)/python -m pip install --quiet -e '.[bench]'
+	$(BIN)/python bench/bench_async.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
