@@ -21,6 +21,7 @@ from .errors import KeyTemplateError as KeyTemplateError
 from .errors import LockError as LockError
 from .errors import LockLost as LockLost
 from .errors import LockNotAcquired as LockNotAcquired
+from .errors import NotReplicated as NotReplicated
 from .keys import register_converter as register_converter
 from .keys import register_resolver as register_resolver
 from .lease import Lease as Lease
@@ -38,6 +39,7 @@ __all__ = [
     "LockError",
     "LockLost",
     "LockNotAcquired",
+    "NotReplicated",
     "configure",
     "current_lease",
     "distributed_lock",

@@ -44,6 +44,28 @@ FAIR_GONE_AFTER: Final = 5.0
 FAIR_SUBSCRIBE_GRACE: Final = 2.0
 
 
+def check_wait_replicas(value: object, socket_timeout: float | None) -> tuple[int, float] | None:
+    """Validate ``wait_replicas=(replicas, timeout)``: at least one replica, a timeout in
+    seconds shorter than the connection's socket timeout (``WAIT`` blocks the read)."""
+    if value is None:
+        return None
+    if not isinstance(value, tuple) or len(value) != 2:
+        raise TypeError(f"wait_replicas must be a (replicas, timeout) tuple, got {value!r}")
+    replicas, timeout = value
+    if isinstance(replicas, bool) or not isinstance(replicas, int):
+        raise TypeError(f"wait_replicas: replicas must be an int, got {type(replicas).__name__}")
+    if replicas < 1:
+        raise ConfigurationError(f"wait_replicas: replicas must be at least 1, got {replicas}")
+    seconds_ = seconds(timeout, "wait_replicas timeout")
+    assert seconds_ is not None
+    if socket_timeout is not None and seconds_ >= socket_timeout:
+        raise ConfigurationError(
+            f"wait_replicas: the timeout ({seconds_:g}s) must be shorter than the socket timeout "
+            f"({socket_timeout:g}s), or the WAIT reply would time out the connection"
+        )
+    return replicas, seconds_
+
+
 def seconds(value: object, name: str, *, allow_zero: bool = False, allow_none: bool = False) -> float | None:
     """Validate a duration option and return it in seconds.
 

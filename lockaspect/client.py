@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 
 from . import _policy
 from .backends.base import AcquireResult, Backend, Capability, ReleaseResult, Subscription
-from .errors import _NO_RESULT, BackendError, ConfigurationError, LockLost, LockNotAcquired
+from .errors import _NO_RESULT, BackendError, ConfigurationError, LockLost, LockNotAcquired, NotReplicated
 from .executor import Outcome, check_executor, run_body
 from .keys import check_key
 from .lease import _HELD, Lease, _find_held, _push
@@ -350,6 +350,13 @@ class _HookRunner:
 _clients: weakref.WeakSet[LockClient] = weakref.WeakSet()
 
 
+def _socket_timeout(backend: Any) -> float | None:
+    """The read timeout of a redis-py backend's connections, if it has one."""
+    pool = getattr(getattr(backend, "redis", None), "connection_pool", None)
+    timeout = getattr(pool, "connection_kwargs", {}).get("socket_timeout")
+    return None if timeout is None else float(timeout)
+
+
 class LockClient:
     """A connection to one lock store, with its timer, watchdog and default executor.
 
@@ -369,6 +376,11 @@ class LockClient:
         executor: Default executor for decorated calls: ``None``/``"inline"`` (the
             caller's thread) or a :class:`concurrent.futures.Executor`. The client does not
             shut it down.
+        wait_replicas: ``(replicas, timeout)``: after taking a lock, wait up to ``timeout``
+            seconds (``WAIT``) for that many replicas to have it; if fewer confirm, release it
+            and raise :class:`~lockaspect.NotReplicated` (the body does not run). Guards
+            against a failover to a replica that never saw the lock. ``None`` (default): no
+            wait. The timeout must be shorter than the socket timeout (2 s by default).
         clock: Monotonic clock, injectable for tests.
     """
 
@@ -380,6 +392,7 @@ class LockClient:
         tick: float = 0.1,
         delay_weight: float | None = None,
         executor: Executor | str | None = None,
+        wait_replicas: tuple[int, float] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         lease = _policy.seconds(watchdog_lease, "watchdog_lease")
@@ -393,6 +406,13 @@ class LockClient:
         else:
             weight = _policy.check_delay_weight(delay_weight)
             _policy.check_margin(lease, weight, tick_s)
+        replicated = _policy.check_wait_replicas(wait_replicas, _socket_timeout(backend))
+        if replicated is not None:
+            wait_for = getattr(backend, "wait_for_replicas", None)
+            if wait_for is None:
+                raise ConfigurationError(f"{type(backend).__name__} cannot wait for replicas")
+            wait_for(*replicated)
+        self.wait_replicas = replicated
         self.backend = backend
         self.delay_weight = weight
         self.watchdog_lease = lease
@@ -426,6 +446,7 @@ class LockClient:
         tick: float = 0.1,
         delay_weight: float | None = None,
         executor: Executor | str | None = None,
+        wait_replicas: tuple[int, float] | None = None,
         **redis_options: Any,
     ) -> LockClient:
         """A client for a Redis or Valkey server.
@@ -438,6 +459,7 @@ class LockClient:
             tick: See :class:`LockClient`.
             delay_weight: See :class:`LockClient`.
             executor: See :class:`LockClient`.
+            wait_replicas: See :class:`LockClient`.
             **redis_options: Passed to ``redis.Redis.from_url`` (``socket_timeout``
                 defaults to 2 s; redis-py's own command retries are switched off, because
                 whether a lock command may be repeated is lockaspect's decision).
@@ -456,7 +478,14 @@ class LockClient:
 
         backend = RedisBackend.from_url(url, namespace=namespace, **redis_options)
         try:
-            return cls(backend, watchdog_lease=watchdog_lease, tick=tick, delay_weight=delay_weight, executor=executor)
+            return cls(
+                backend,
+                watchdog_lease=watchdog_lease,
+                tick=tick,
+                delay_weight=delay_weight,
+                executor=executor,
+                wait_replicas=wait_replicas,
+            )
         except BaseException:
             backend.close()
             raise
@@ -628,11 +657,31 @@ class LockClient:
         result = self._try(key, token, plan.lease_time, waiter, fair=spec.fair)
         if not result.acquired:
             result, sent = self._wait(key, token, plan.lease_time, spec, sent, result, waiter)
+        if self._too_few_replicas(result):
+            self._discard(key, token, spec.fair)
+            raise self._not_replicated(key, result)
         try:
             return self._new_lease(key, token, result, spec, plan, sent, None)
         except BaseException:
             self._discard(key, token, spec.fair)
             raise
+
+    def _too_few_replicas(self, result: AcquireResult) -> bool:
+        wanted = self.wait_replicas
+        return wanted is not None and result.replicas is not None and result.replicas < wanted[0]
+
+    def _not_replicated(self, key: str, result: AcquireResult) -> NotReplicated:
+        assert self.wait_replicas is not None
+        wanted, timeout = self.wait_replicas
+        confirmed = result.replicas or 0
+        log.warning("%r: %d of %d replica(s) confirmed the lock within %gs; released", key, confirmed, wanted, timeout)
+        return NotReplicated(
+            f"lock {key!r} was confirmed by {confirmed} of {wanted} replica(s) within {timeout:g}s, "
+            "so a failover could lose it; it was released",
+            key=key,
+            replicas=confirmed,
+            wanted=wanted,
+        )
 
     def _fair_waiter(self, spec: LockSpec) -> str | None:
         """A fair waiter's own id (its place in the queue), or ``None`` for a try-once call.
@@ -1111,6 +1160,9 @@ class LockClient:
         result = await self._atry(state, key, token, plan.lease_time, waiter, fair=spec.fair)
         if not result.acquired:
             result, sent = await self._await(state, key, token, plan.lease_time, spec, sent, result, waiter)
+        if self._too_few_replicas(result):
+            await self._adiscard(state, key, token, spec.fair)
+            raise self._not_replicated(key, result)
         try:
             return self._new_lease(key, token, result, spec, plan, sent, state.renewer)
         except BaseException:

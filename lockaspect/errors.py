@@ -31,6 +31,7 @@ __all__ = [
     "LockError",
     "LockLost",
     "LockNotAcquired",
+    "NotReplicated",
 ]
 
 
@@ -141,6 +142,23 @@ class ConfigurationError(LockError, ValueError):
 class BackendError(LockError):
     """The store failed or could not be reached.
 
-    Always chained to the driver's exception (``raise BackendError(...) from exc``). The lock
-    state is unknown to the caller; lockaspect has already cleaned up what it could.
+    Chained to the driver's exception when there is one (``raise BackendError(...) from
+    exc``). The lock state is unknown to the caller; lockaspect has already cleaned up what
+    it could.
     """
+
+
+class NotReplicated(BackendError):
+    """The lock was taken on the primary, but fewer replicas than the client's
+    ``wait_replicas`` confirmed it in time (``WAIT``), so a failover could lose it. The
+    lock has been released again; the body did not run.
+
+    Attributes:
+        replicas: How many replicas confirmed the lock.
+        wanted: How many the client asks for.
+    """
+
+    def __init__(self, message: str, *, key: str, replicas: int, wanted: int) -> None:
+        super().__init__(message, key=key)
+        self.replicas = replicas
+        self.wanted = wanted

@@ -45,12 +45,15 @@ class AcquireResult(NamedTuple):
         holds: Our hold count after the call (1 on first acquisition), else 0.
         holder_ttl: When busy, the holder's remaining lease in seconds, or ``None`` when
             the store did not say.
+        replicas: When acquired by a backend asked to wait for replicas, how many
+            confirmed the write in time; else ``None``.
     """
 
     acquired: bool
     fencing_token: int = 0
     holds: int = 0
     holder_ttl: float | None = None
+    replicas: int | None = None
 
 
 class ReleaseResult(enum.IntEnum):

@@ -89,6 +89,18 @@ class LuaScript:
             client.execute_command("SCRIPT", "LOAD", self.source)
             return wire.call(self.packed(keys, args), command)
 
+    def run_then(
+        self, wire: _Wire, client: Any, keys: tuple[bytes, ...], args: tuple[bytes, ...], then: tuple[bytes, ...]
+    ) -> tuple[Any, Any]:
+        """:meth:`run` with the command ``then`` sent right behind it on the same connection,
+        in the same write: both replies."""
+        command = ("EVALSHA", self.sha, len(keys), *keys, *args)
+        try:
+            return wire.call_then(self.packed(keys, args), command, then)
+        except NoScriptError:
+            client.execute_command("SCRIPT", "LOAD", self.source)
+            return wire.call_then(self.packed(keys, args), command, then)
+
     def __call__(self, client: Any, keys: Sequence[str], args: Sequence[object]) -> Any:
         """EVALSHA, loading the script once on NOSCRIPT (after SCRIPT FLUSH or a failover)."""
         try:
@@ -161,6 +173,41 @@ class _Wire:
         free.append(connection)
         return reply
 
+    def call_then(self, packed: bytes, args: tuple[object, ...], then: tuple[bytes, ...]) -> tuple[Any, Any]:
+        """:meth:`call`, then the command ``then`` on the same connection in the same write
+        (``WAIT`` counts the replicas that have this connection's writes): both replies. An
+        error reply to the first command is raised once the second reply is read."""
+        if self._make is None:
+            pipe = self._client.pipeline(transaction=False)
+            pipe.execute_command(*args)
+            pipe.execute_command(*then)
+            replies = pipe.execute(raise_on_error=False)
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise reply
+            return replies[0], replies[1]
+        free = self._free
+        connection = free.pop() if free else self._make()
+        sock = getattr(connection, "_sock", None)
+        if sock is not None and _readable(sock):
+            connection.disconnect()
+        try:
+            connection.send_packed_command((packed, _packed(then)), check_health=False)
+            first: Any
+            try:
+                first = connection.read_response()
+            except ResponseError as exc:
+                first = exc
+            second = connection.read_response()
+        except BaseException:
+            connection.disconnect()
+            free.append(connection)
+            raise
+        free.append(connection)
+        if isinstance(first, ResponseError):
+            raise first
+        return first, second
+
     def close(self) -> None:
         free, self._free = self._free, []
         for connection in free:
@@ -201,6 +248,11 @@ def _bulk(value: bytes) -> bytes:
     return b"$%d\r\n%b\r\n" % (len(value), value)
 
 
+def _packed(command: tuple[bytes, ...]) -> bytes:
+    """``command`` in the wire format."""
+    return b"*%d\r\n" % len(command) + b"".join([_bulk(part) for part in command])
+
+
 def map_redis_error(exc: BaseException, key: str | None, action: str) -> BackendError:
     """The one place that turns a driver error into a :class:`BackendError`."""
     what = f" for {key!r}" if key is not None else ""
@@ -232,6 +284,8 @@ class _RedisLocks:
         if "{" in namespace or "}" in namespace:
             raise ValueError(f"namespace must not contain '{{' or '}}': {namespace!r}")
         self.namespace = namespace
+        #: ``WAIT numreplicas timeout`` sent behind each acquire attempt, or ``None``.
+        self._wait_command: tuple[bytes, ...] | None = None
         self._acquire = LuaScript("acquire.lua")
         self._reenter = LuaScript("reenter.lua")
         self._release = LuaScript("release.lua")
@@ -253,6 +307,16 @@ class _RedisLocks:
 
     def _lock(self, key: str) -> bytes:
         return f"{self.namespace}{{{key}}}".encode()
+
+    def wait_for_replicas(self, replicas: int, timeout: float) -> None:
+        """Send ``WAIT replicas timeout`` behind every acquire attempt, in the same write and
+        on the same connection, and report in :attr:`AcquireResult.replicas` how many
+        replicas confirmed an acquisition (the core decides what too few means)."""
+        self._wait_command = (b"WAIT", b"%d" % replicas, b"%d" % _ms(timeout))
+
+    def _acquired_replicated(self, reply: int, acked: Any) -> AcquireResult:
+        result = self._acquired(reply)
+        return result._replace(replicas=int(acked)) if result.acquired else result
 
     def fair_queue_key(self, key: str) -> str:
         """The fair lock's waiter queue, in arrival order (see acquire.lua)."""
@@ -359,7 +423,9 @@ class RedisBackend(_RedisLocks):
                 "asyncio needs a backend built with RedisBackend.from_url (or LockClient.from_url), "
                 "so that it can connect again from each event loop"
             )
-        return AsyncRedisBackend.from_url(self._url, namespace=self.namespace, **self._options)
+        twin = AsyncRedisBackend.from_url(self._url, namespace=self.namespace, **self._options)
+        twin._wait_command = self._wait_command
+        return twin
 
     def acquire(
         self,
@@ -372,6 +438,9 @@ class RedisBackend(_RedisLocks):
     ) -> AcquireResult:
         keys, args = self._acquire_request(self._lock(key), token, lease, waiter, front, fair)
         try:
+            if self._wait_command is not None:
+                reply, acked = self._acquire.run_then(self._wire, self.redis, keys, args, self._wait_command)
+                return self._acquired_replicated(reply, acked)
             reply = self._acquire.run(self._wire, self.redis, keys, args)
         except RedisError as exc:
             raise map_redis_error(exc, key, "acquire") from exc
@@ -699,6 +768,39 @@ class _AsyncWire:
         free.append(connection)
         return reply
 
+    async def call_then(self, packed: bytes, args: tuple[object, ...], then: tuple[bytes, ...]) -> tuple[Any, Any]:
+        """:meth:`_Wire.call_then` for one event loop."""
+        if self._make is None:
+            pipe = self._client.pipeline(transaction=False)
+            pipe.execute_command(*args)
+            pipe.execute_command(*then)
+            replies = await pipe.execute(raise_on_error=False)
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise reply
+            return replies[0], replies[1]
+        free = self._free
+        connection = free.pop() if free else self._make()
+        reader = getattr(connection, "_reader", None)
+        if reader is not None and (reader.at_eof() or reader.exception() is not None):
+            await connection.disconnect(nowait=True)
+        try:
+            await connection.send_packed_command((packed, _packed(then)), check_health=False)
+            first: Any
+            try:
+                first = await connection.read_response()
+            except ResponseError as exc:
+                first = exc
+            second = await connection.read_response()
+        except BaseException:
+            _abandon(connection)
+            free.append(connection)
+            raise
+        free.append(connection)
+        if isinstance(first, ResponseError):
+            raise first
+        return first, second
+
     async def close(self) -> None:
         free, self._free = self._free, []
         for connection in free:
@@ -727,6 +829,22 @@ async def _run_async(
         return await wire.call(script.packed(keys, args), command)
 
 
+async def _run_async_then(
+    script: LuaScript,
+    wire: _AsyncWire,
+    client: Any,
+    keys: tuple[bytes, ...],
+    args: tuple[bytes, ...],
+    then: tuple[bytes, ...],
+) -> tuple[Any, Any]:
+    command = ("EVALSHA", script.sha, len(keys), *keys, *args)
+    try:
+        return await wire.call_then(script.packed(keys, args), command, then)
+    except NoScriptError:
+        await client.execute_command("SCRIPT", "LOAD", script.source)
+        return await wire.call_then(script.packed(keys, args), command, then)
+
+
 class AsyncRedisBackend(_RedisLocks):
     """:class:`RedisBackend` for one asyncio event loop (``redis.asyncio``)."""
 
@@ -751,6 +869,11 @@ class AsyncRedisBackend(_RedisLocks):
     ) -> AcquireResult:
         keys, args = self._acquire_request(self._lock(key), token, lease, waiter, front, fair)
         try:
+            if self._wait_command is not None:
+                reply, acked = await _run_async_then(
+                    self._acquire, self._wire, self.redis, keys, args, self._wait_command
+                )
+                return self._acquired_replicated(reply, acked)
             reply = await _run_async(self._acquire, self._wire, self.redis, keys, args)
         except RedisError as exc:
             raise map_redis_error(exc, key, "acquire") from exc
