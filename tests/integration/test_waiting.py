@@ -721,13 +721,18 @@ class TestFairLock:
         holder, first, second = clients(), clients(), clients()
         exclusion = Exclusion()
         futures = []
+        before = store.acquire_attempts()
         with holder.fair_lock("desk", lease=HOLD):
             for who in range(self.WAITERS):
                 waiter = first if who % 2 == 0 else second
                 futures.append(mode.submit(waiter, "desk", exclusion, who, wait=None, lease=HOLD, fair=True))
                 wait_until(lambda n=who + 1: len(fair_queue(store, holder, "desk")) == n, f"waiter {who} queued")
             assert len(set(fair_queue(store, holder, "desk"))) == self.WAITERS, "one place per waiter"
+            # the holder's attempt, then each waiter's first try (which queues it) and its retry once subscribed
+            settled = 1 + 2 * self.WAITERS
+            wait_until(lambda: store.acquire_attempts() - before >= settled, "every waiter subscribed")
             released_at = store.acquire_attempts()
+            assert released_at - before == settled
         tokens = results(futures)
         assert exclusion.entered == list(range(self.WAITERS))
         assert exclusion.most_inside == 1
@@ -766,10 +771,12 @@ class TestFairLock:
         """Past its subscribe grace, a waiter with no listener is skipped by the release: the next is woken at once."""
         holder, waiter = clients(), clients()
         exclusion = Exclusion()
+        before = store.acquire_attempts()
         with holder.fair_lock("skip", lease=HOLD):
             queue_phantom(store, holder, "skip", "n" + "3" * 16, seen_ago=_policy.FAIR_SUBSCRIBE_GRACE + 1)
             future = mode.submit(waiter, "skip", exclusion, wait=None, lease=HOLD, fair=True)
             wait_until(lambda: len(fair_queue(store, holder, "skip")) == 2, "the live waiter queued")
+            wait_until(lambda: store.acquire_attempts() - before >= 3, "the live waiter's retry once subscribed")
             released_at = store.acquire_attempts()
         assert results([future])[0] > 0
         assert store.acquire_attempts() - released_at == 1
