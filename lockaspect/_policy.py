@@ -43,6 +43,10 @@ FAIR_GONE_AFTER: Final = 5.0
 #: the release skips it at once instead of waiting out FAIR_GONE_AFTER.
 FAIR_SUBSCRIBE_GRACE: Final = 2.0
 
+#: Longest wait_replicas timeout: WAIT follows every acquire attempt, so it adds to the gap
+#: between a waiter's attempts (which FAIR_GONE_AFTER must exceed).
+MAX_REPLICA_WAIT: Final = 2.0
+
 
 def check_wait_replicas(value: object, socket_timeout: float | None) -> tuple[int, float] | None:
     """Validate ``wait_replicas=(replicas, timeout)``: at least one replica, a timeout in
@@ -58,6 +62,11 @@ def check_wait_replicas(value: object, socket_timeout: float | None) -> tuple[in
         raise ConfigurationError(f"wait_replicas: replicas must be at least 1, got {replicas}")
     seconds_ = seconds(timeout, "wait_replicas timeout")
     assert seconds_ is not None
+    if seconds_ > MAX_REPLICA_WAIT:
+        raise ConfigurationError(
+            f"wait_replicas: the timeout ({seconds_:g}s) must be at most {MAX_REPLICA_WAIT:g}s: WAIT follows every "
+            "acquire attempt, and a fair waiter must attempt well within FAIR_GONE_AFTER"
+        )
     if socket_timeout is not None and seconds_ >= socket_timeout:
         raise ConfigurationError(
             f"wait_replicas: the timeout ({seconds_:g}s) must be shorter than the socket timeout "

@@ -380,7 +380,8 @@ class LockClient:
             seconds (``WAIT``) for that many replicas to have it; if fewer confirm, release it
             and raise :class:`~lockaspect.NotReplicated` (the body does not run). Guards
             against a failover to a replica that never saw the lock. ``None`` (default): no
-            wait. The timeout must be shorter than the socket timeout (2 s by default).
+            wait. The timeout must be shorter than the socket timeout (2 s by default) and at
+            most 2 s: ``WAIT`` follows every acquire attempt, also a waiter's.
         clock: Monotonic clock, injectable for tests.
     """
 
@@ -654,7 +655,12 @@ class LockClient:
         token = _token()
         waiter = self._fair_waiter(spec) if spec.fair else self._early_waiter(key, spec)
         sent = self._clock()
-        result = self._try(key, token, plan.lease_time, waiter, fair=spec.fair)
+        try:
+            result = self._try(key, token, plan.lease_time, waiter, fair=spec.fair)
+        except BaseException:
+            if waiter is not None:
+                self._leave_queue(key, waiter, spec.fair)
+            raise
         if not result.acquired:
             result, sent = self._wait(key, token, plan.lease_time, spec, sent, result, waiter)
         if self._too_few_replicas(result):
@@ -665,6 +671,17 @@ class LockClient:
         except BaseException:
             self._discard(key, token, spec.fair)
             raise
+
+    def _leave_queue(self, key: str, waiter: str, fair: bool) -> None:
+        """Take ``waiter`` off ``key``'s queue when its wait ends before the wait loop (which
+        does this itself): a fair waiter's own place always, the process's place only when
+        no other waiter of this process for ``key`` is left to use it."""
+        if not fair and key in self._slots:
+            return
+        try:
+            self.backend.unqueue(key, waiter, fair)
+        except BackendError:
+            pass
 
     def _too_few_replicas(self, result: AcquireResult) -> bool:
         wanted = self.wait_replicas
@@ -841,6 +858,8 @@ class LockClient:
         fair waiters keep their own places and do not coalesce)."""
         deadline = _policy.wait_deadline(start, spec.wait)
         if deadline is not None and self._clock() >= deadline:
+            if waiter is not None:
+                self._leave_queue(key, waiter, spec.fair)
             raise self._not_acquired(key, spec, start, result, 1)
         if log.isEnabledFor(logging.DEBUG):
             ends = "with no expiry" if result.holder_ttl is None else f"in {result.holder_ttl:.3f}s"
@@ -850,6 +869,7 @@ class LockClient:
             return self._wait_turn(key, token, lease_time, spec, start, deadline, result, None, waiter)
         queued = waiter is not None
         slot = self._join_slot(key)
+        timed_out = False
         try:
             # Same-process waiters coalesce: only the one holding the slot talks to the store.
             if slot.users > 1:
@@ -862,6 +882,7 @@ class LockClient:
             elif slot.lock.acquire(timeout=max(0.0, deadline - self._clock())):
                 queued = False
             else:
+                timed_out = True
                 raise self._not_acquired(key, spec, start, result, 1)
             try:
                 return self._wait_turn(
@@ -871,6 +892,8 @@ class LockClient:
                 slot.lock.release()
         finally:
             self._leave_slot(key, slot)
+            if timed_out and waiter is not None:
+                self._leave_queue(key, waiter, False)
 
     def _wait_turn(
         self,
@@ -895,6 +918,7 @@ class LockClient:
         # process's once subscribed.
         waiter: str | None = queued if fair else None
         woken = False
+        listens = fair and waiter is not None and waiter.startswith("n")
         attempt = 0
         tries = 1
         try:
@@ -919,7 +943,9 @@ class LockClient:
                         deadline=deadline,
                         holder_ttl=result.holder_ttl,
                         attempt=attempt,
-                        notified=subscription is not None and subscription.active,
+                        # a fair waiter that cannot hear its wake-up still re-checks often enough
+                        # to keep its place (FAIR_SUBSCRIBE_GRACE)
+                        notified=(subscription is not None and subscription.active) or listens,
                     )
                     if subscription is not None:
                         woken = subscription.wait(pause)
@@ -1157,7 +1183,12 @@ class LockClient:
         token = _token()
         waiter = self._fair_waiter(spec) if spec.fair else self._early_async_waiter(state, key, spec)
         sent = self._clock()
-        result = await self._atry(state, key, token, plan.lease_time, waiter, fair=spec.fair)
+        try:
+            result = await self._atry(state, key, token, plan.lease_time, waiter, fair=spec.fair)
+        except BaseException:
+            if waiter is not None:
+                await self._aleave_queue(state, key, waiter, spec.fair, key in state.slots)
+            raise
         if not result.acquired:
             result, sent = await self._await(state, key, token, plan.lease_time, spec, sent, result, waiter)
         if self._too_few_replicas(result):
@@ -1168,6 +1199,21 @@ class LockClient:
         except BaseException:
             await self._adiscard(state, key, token, spec.fair)
             raise
+
+    async def _aleave_queue(self, state: _LoopState, key: str, waiter: str, fair: bool, others: bool) -> None:
+        """:meth:`_leave_queue` for a task (shielded: it may run while the task is cancelled);
+        ``others``: other waiters of this loop still use the loop's place."""
+        if not fair and others:
+            return
+
+        async def unqueue() -> None:
+            try:
+                await state.backend.unqueue(key, waiter, fair)
+            except BackendError:
+                pass
+
+        with contextlib.suppress(BaseException):
+            await _shielded(state, unqueue())
 
     def _early_async_waiter(self, state: _LoopState, key: str, spec: LockSpec) -> str | None:
         """:meth:`_early_waiter` for a loop's notifier."""
@@ -1227,11 +1273,14 @@ class LockClient:
         _raise_if_cancel_lost()
         deadline = _policy.wait_deadline(start, spec.wait)
         if deadline is not None and self._clock() >= deadline:
+            if waiter is not None:
+                await self._aleave_queue(state, key, waiter, spec.fair, key in state.slots)
             raise self._not_acquired(key, spec, start, result, 1)
         if spec.fair:
             return await self._await_turn(state, key, token, lease_time, spec, start, deadline, result, None, waiter)
         queued = waiter is not None
         slot = state.join_slot(key)
+        turn = False
         try:
             if slot.users > 1:
                 queued = False  # others of ours wait too: one of them may have used our place
@@ -1246,12 +1295,18 @@ class LockClient:
                     await asyncio.wait_for(slot.lock.acquire(), max(0.0, deadline - self._clock()))
                 except asyncio.TimeoutError:
                     raise self._not_acquired(key, spec, start, result, 1) from None
+            turn = True
             try:
                 return await self._await_turn(
                     state, key, token, lease_time, spec, start, deadline, result, slot, waiter if queued else None
                 )
             finally:
                 slot.lock.release()
+        except BaseException:
+            if not turn and waiter is not None:
+                # Timed out or cancelled before our turn (the wait loop leaves the queue itself).
+                await self._aleave_queue(state, key, waiter, False, slot.users > 1)
+            raise
         finally:
             state.leave_slot(key, slot)
 
@@ -1275,6 +1330,7 @@ class LockClient:
         subscription: Any = None
         waiter: str | None = queued if fair else None
         woken = False
+        listens = fair and waiter is not None and waiter.startswith("n")
         attempt = 0
         tries = 1
         try:
@@ -1300,7 +1356,9 @@ class LockClient:
                         deadline=deadline,
                         holder_ttl=result.holder_ttl,
                         attempt=attempt,
-                        notified=subscription is not None and subscription.active,
+                        # a fair waiter that cannot hear its wake-up still re-checks often enough
+                        # to keep its place (FAIR_SUBSCRIBE_GRACE)
+                        notified=(subscription is not None and subscription.active) or listens,
                     )
                     if subscription is not None:
                         woken = await subscription.wait(pause)

@@ -122,7 +122,7 @@ class TestBadInput:
         [
             ((0, 0.5), ConfigurationError),
             ((1, 0), ConfigurationError),
-            ((1, 5.0), ConfigurationError),  # not shorter than the 2 s socket timeout
+            ((1, 2.0), ConfigurationError),  # not shorter than the 2 s socket timeout
             (("1", 0.5), TypeError),
             ((True, 0.5), TypeError),
             ([1, 0.5], TypeError),
@@ -136,8 +136,10 @@ class TestBadInput:
         with pytest.raises(error, match="wait_replicas"):
             LockClient.from_url(lock_server.url, namespace=namespace, wait_replicas=value)  # type: ignore[arg-type]
 
-    def test_a_longer_socket_timeout_allows_a_longer_wait(self, lock_server: LockServer, namespace: str) -> None:
+    def test_a_longer_socket_timeout_allows_up_to_two_seconds(self, lock_server: LockServer, namespace: str) -> None:
         with LockClient.from_url(
-            lock_server.url, namespace=namespace, wait_replicas=(1, 5.0), socket_timeout=10.0
+            lock_server.url, namespace=namespace, wait_replicas=(1, 2.0), socket_timeout=10.0
         ) as client:
-            assert client.wait_replicas == (1, 5.0)
+            assert client.wait_replicas == (1, 2.0)
+        with pytest.raises(ConfigurationError, match="at most 2s"):
+            LockClient.from_url(lock_server.url, namespace=namespace, wait_replicas=(1, 2.5), socket_timeout=10.0)

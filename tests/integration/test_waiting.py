@@ -353,6 +353,22 @@ class TestFifo:
         assert exclusion.entered == [1]
         assert store.acquire_attempts() - released_at == 1
 
+    def test_early_queued_waiter_whose_wait_ends_at_once_leaves_the_queue(
+        self, mode: Mode, clients: Callable[..., LockClient], store: Store
+    ) -> None:
+        """A first attempt that queued at once (the process already listens for the key) but whose wait is
+        over when it returns leaves the queue: the next release must not spend its wake-up on nobody."""
+        holder, waiter = clients(), clients()
+        exclusion = Exclusion()
+        with holder.lock("brief", lease=HOLD):
+            first = mode.submit(waiter, "brief", exclusion, 0, wait=None, lease=HOLD)
+            wait_until(lambda: len(store.queue(holder, "brief")) == 1, "the first waiter queued")
+        results([first])  # its subscription lingers: the process still listens for "brief"
+        with holder.lock("brief", lease=HOLD):
+            with pytest.raises(LockNotAcquired):
+                results([mode.submit(waiter, "brief", exclusion, 1, wait=1e-6)])
+            assert store.queue(holder, "brief") == []
+
     def test_lost_wake_up_is_made_up_by_the_recheck(
         self, mode: Mode, clients: Callable[..., LockClient], store: Store, monkeypatch: pytest.MonkeyPatch
     ) -> None:
@@ -755,6 +771,17 @@ class TestFairLock:
             results([mode.submit(client, "line", Exclusion(), wait=0.3, fair=True)])
         assert fair_queue(store, client, "line") == ["n" + "1" * 16], "the newcomer left the queue on giving up"
         assert results([mode.submit(client, "line", Exclusion(), wait=0)])[0] > 0, "a non-fair lock barges in"
+
+    def test_wait_that_ends_during_the_first_attempt_leaves_the_queue(
+        self, mode: Mode, clients: Callable[..., LockClient], store: Store
+    ) -> None:
+        """A fair waiter whose wait is over when its first (queueing) attempt returns takes its place back."""
+        holder, waiter = clients(), clients()
+        with holder.fair_lock("brief", lease=HOLD):
+            with pytest.raises(LockNotAcquired):
+                results([mode.submit(waiter, "brief", Exclusion(), wait=1e-6, fair=True)])
+            assert fair_queue(store, holder, "brief") == []
+            assert store.redis.hlen(holder.backend.fair_queue_key("brief") + ":seen") == 0
 
     def test_gone_waiter_first_in_line_is_dropped(
         self, mode: Mode, clients: Callable[..., LockClient], store: Store

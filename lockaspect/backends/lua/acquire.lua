@@ -37,7 +37,11 @@ if fair then
   local time = redis.call('TIME')
   now = time[1] * 1000 + math.floor(time[2] / 1000)
   first = redis.call('LINDEX', KEYS[3], 0)
-  while first do
+  -- at most 64 per call (a mass crash leaves many): later attempts drop the rest
+  for _ = 1, 64 do
+    if not first then
+      break
+    end
     local seen = tonumber(redis.call('HGET', KEYS[4], first))
     if seen and now - seen <= tonumber(ARGV[5]) then
       break
