@@ -1,5 +1,5 @@
 """Uncontended lock/unlock cycles per lock kind, relative to the core mutex in the same run
-(issue 4, item 8). Kinds so far: the fair lock. Contention figures for the fair lock come
+(issue 4, item 8). Kinds so far: the fair lock and the semaphore. Contention figures for the fair lock come
 from ``bench_async.py --libraries la-sync,la-fair,prl``.
 
     python bench/bench_kinds.py [--cycles 5000] [--rounds 5] [--url redis://...]
@@ -24,6 +24,7 @@ def kinds(client: LockClient) -> dict[str, Callable[[str], Any]]:
     return {
         "client.lock (mutex)": client.lock,
         "client.fair_lock": client.fair_lock,
+        "client.semaphore(4)": lambda key: client.semaphore(key, permits=4),
     }
 
 

@@ -13,6 +13,7 @@ signal) and what a lease lock cannot promise.
 
 from .aspect import FailureContext as FailureContext
 from .aspect import distributed_lock as distributed_lock
+from .aspect import distributed_semaphore as distributed_semaphore
 from .client import LockClient as LockClient
 from .config import configure as configure
 from .errors import BackendError as BackendError
@@ -43,6 +44,7 @@ __all__ = [
     "configure",
     "current_lease",
     "distributed_lock",
+    "distributed_semaphore",
     "register_converter",
     "register_resolver",
 ]

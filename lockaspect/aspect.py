@@ -24,7 +24,7 @@ from .errors import ConfigurationError, KeyTemplateError, LockNotAcquired
 from .executor import check_executor
 from .keys import ArgumentNames, KeyTemplate, check_key
 
-__all__ = ["FailureContext", "distributed_lock"]
+__all__ = ["FailureContext", "distributed_lock", "distributed_semaphore"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -34,7 +34,7 @@ class _Unset:
         return "<default>"
 
 
-_SPEC_OPTIONS = ("lease", "wait", "max_hold", "on_lost", "delay_weight", "wait_strategy", "fair")
+_SPEC_OPTIONS = ("lease", "wait", "max_hold", "on_lost", "delay_weight", "wait_strategy", "fair", "permits")
 
 #: Marks an option the caller did not pass, so a named policy can supply it.
 _UNSET: Any = _Unset()
@@ -49,6 +49,7 @@ _DEFAULTS: dict[str, Any] = {
     "executor": None,
     "wait_strategy": "notify",
     "fair": False,
+    "permits": None,
 }
 
 
@@ -144,6 +145,7 @@ class _LockAspect:
             on_lost=options["on_lost"],
             wait_strategy=options["wait_strategy"],
             fair=options["fair"],
+            permits=options["permits"],
         )
         on_failure = options["on_failure"]
         if on_failure is not None and not callable(on_failure):
@@ -295,6 +297,25 @@ def distributed_lock(
             lease = current_lease()
             ledger.write(user, voucher_id, fence=lease.fencing_token)
     """
+    return _decorator(
+        key,
+        client,
+        policy,
+        lease=lease,
+        delay_weight=delay_weight,
+        wait=wait,
+        on_failure=on_failure,
+        on_lost=on_lost,
+        executor=executor,
+        max_hold=max_hold,
+        wait_strategy=wait_strategy,
+        fair=fair,
+    )
+
+
+def _decorator(key: Any, client: Any, policy: Any, **options: Any) -> Callable[[F], F]:
+    """Check the options given explicitly (``_UNSET``: not given, a policy may supply it) and
+    return the decorator (shared by the lock and the semaphore)."""
     if key is not None and not isinstance(key, str) and not callable(key):
         raise TypeError(f"key must be a template string or a callable, got {type(key).__name__}")
     if isinstance(key, str) and not key:
@@ -303,21 +324,7 @@ def distributed_lock(
         raise TypeError(f"client must be a LockClient, got {type(client).__name__}")
     if policy is not None and (not isinstance(policy, str) or not policy):
         raise TypeError(f"policy must be a non-empty str, got {policy!r}")
-    explicit = {
-        name: value
-        for name, value in (
-            ("lease", lease),
-            ("delay_weight", delay_weight),
-            ("wait", wait),
-            ("on_failure", on_failure),
-            ("on_lost", on_lost),
-            ("executor", executor),
-            ("max_hold", max_hold),
-            ("wait_strategy", wait_strategy),
-            ("fair", fair),
-        )
-        if value is not _UNSET
-    }
+    explicit = {name: value for name, value in options.items() if value is not _UNSET}
     # Check explicit options now even if a policy will be merged in later.
     LockSpec.create(**{k: v for k, v in explicit.items() if k in _SPEC_OPTIONS})
     if explicit.get("on_failure") is not None and not callable(explicit["on_failure"]):
@@ -363,3 +370,58 @@ def distributed_lock(
         return cast(F, wrapper(function))
 
     return decorate
+
+
+def distributed_semaphore(
+    key: str | Callable[[Mapping[str, Any]], str] | None = None,
+    *,
+    permits: int,
+    lease: float | None = _UNSET,
+    delay_weight: float = _UNSET,
+    wait: float | None = _UNSET,
+    on_failure: Callable[[FailureContext], Any] | None = _UNSET,
+    on_lost: Callable[[Any], object] | None = _UNSET,
+    executor: Executor | str | None = _UNSET,
+    client: LockClient | None = None,
+    policy: str | None = None,
+    max_hold: float | None = _UNSET,
+    wait_strategy: str = _UNSET,
+) -> Callable[[F], F]:
+    """Run the decorated function holding one of ``permits`` permits of the semaphore ``key``.
+
+    At most ``permits`` calls (across all processes using the key) run at once; the next
+    waits (``wait``) or fails. Each permit has a lease of its own, renewed by the watchdog
+    while its call runs (``lease=None``) or fixed (``lease=seconds``), so the permit of a
+    process that dies comes back when its lease ends. Every other argument means what it
+    means for :func:`distributed_lock`; :func:`~lockaspect.current_lease` returns the
+    permit's lease (``lease.permits``, ``lease.fencing_token``). A nested call on the same
+    semaphore in the same context re-enters the permit it holds.
+
+    ``permits`` is checked against the store: a semaphore created with another number fails
+    the call with :class:`~lockaspect.ConfigurationError`; change the number explicitly with
+    :meth:`LockClient.set_permits <lockaspect.LockClient.set_permits>`.
+
+    Raises:
+        TypeError: At decoration, ``permits`` is not an ``int``.
+        ConfigurationError: At decoration, ``permits`` < 1, and as for
+            :func:`distributed_lock`.
+
+    Example::
+
+        @distributed_semaphore(key="pdf-render", permits=4, wait=30)
+        def render(doc): ...
+    """
+    return _decorator(
+        key,
+        client,
+        policy,
+        permits=permits,
+        lease=lease,
+        delay_weight=delay_weight,
+        wait=wait,
+        on_failure=on_failure,
+        on_lost=on_lost,
+        executor=executor,
+        max_hold=max_hold,
+        wait_strategy=wait_strategy,
+    )

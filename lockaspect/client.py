@@ -63,6 +63,8 @@ class LockSpec:
             bounded by the holder's remaining lease, for stores or proxies without pub/sub.
         fair: A fair lock: callers get it in the order they asked (see
             :meth:`LockClient.fair_lock`).
+        permits: A semaphore with this many permits (see :meth:`LockClient.semaphore`);
+            ``None`` for a lock.
     """
 
     lease: float | None = None
@@ -72,6 +74,7 @@ class LockSpec:
     on_lost: OnLost | None = None
     wait_strategy: str = "notify"
     fair: bool = False
+    permits: int | None = None
 
     @classmethod
     def create(
@@ -84,6 +87,7 @@ class LockSpec:
         on_lost: object = None,
         wait_strategy: object = "notify",
         fair: object = False,
+        permits: object = None,
     ) -> LockSpec:
         if on_lost is not None and not callable(on_lost):
             raise TypeError(f"on_lost must be callable, got {type(on_lost).__name__}")
@@ -93,6 +97,13 @@ class LockSpec:
             raise ConfigurationError(f"wait_strategy must be 'notify' or 'poll', got {wait_strategy!r}")
         if not isinstance(fair, bool):
             raise TypeError(f"fair must be a bool, got {type(fair).__name__}")
+        if permits is not None:
+            if isinstance(permits, bool) or not isinstance(permits, int):
+                raise TypeError(f"permits must be an int, got {type(permits).__name__}")
+            if permits < 1:
+                raise ConfigurationError(f"permits must be at least 1, got {permits}")
+            if fair:
+                raise ConfigurationError("a semaphore cannot be fair (fair=True with permits)")
         return cls(
             lease=_policy.lease_seconds(lease),
             delay_weight=None if delay_weight is None else _policy.check_delay_weight(delay_weight),
@@ -101,6 +112,7 @@ class LockSpec:
             on_lost=on_lost,
             wait_strategy=str(wait_strategy),
             fair=fair,
+            permits=permits,
         )
 
 
@@ -126,6 +138,12 @@ class _Plan(NamedTuple):
     watchdog: bool
     lease_time: float
     delay_weight: float
+
+
+def _slot_key(key: str, spec: LockSpec) -> str:
+    """Where same-process waiters for ``key`` coalesce: a semaphore's apart from a lock's of
+    the same name (braces cannot occur in keys)."""
+    return key if spec.permits is None else "{semaphore}" + key
 
 
 def _token() -> str:
@@ -584,6 +602,63 @@ class LockClient:
             fair=True,
         )
 
+    def semaphore(
+        self,
+        key: str,
+        *,
+        permits: int,
+        lease: float | None = None,
+        wait: float | None = 0.0,
+        delay_weight: float | None = None,
+        on_lost: OnLost | None = None,
+        max_hold: float | None = None,
+        wait_strategy: str = "notify",
+    ) -> LockBlock:
+        """Hold one of ``permits`` permits of the semaphore ``key`` for a ``with`` (or
+        ``async with``) block; the block gets the permit's :class:`Lease`.
+
+        At most ``permits`` holders at once, across processes. Each permit has a lease of its
+        own: renewed by the watchdog until the block exits (``lease=None``) or fixed, so a
+        dead holder's permit comes back when its lease ends, never later. Waiting, failure,
+        ``LockLost`` and re-entry (a nested block on the same semaphore in the same context
+        re-enters the permit) work as for :meth:`lock`; ``lease.fencing_token`` grows with
+        every permit handed out.
+
+        The store remembers the number of permits. Entering with another number raises
+        :class:`ConfigurationError` and changes nothing: use :meth:`set_permits`.
+
+        Example::
+
+            with client.semaphore("pdf-render", permits=4, wait=30) as permit:
+                render(doc)
+        """
+        spec = LockSpec.create(
+            lease=lease,
+            delay_weight=delay_weight,
+            wait=wait,
+            max_hold=max_hold,
+            on_lost=on_lost,
+            wait_strategy=wait_strategy,
+            permits=permits,
+        )
+        return LockBlock(self, check_key(key), spec)
+
+    def set_permits(self, key: str, permits: int) -> None:
+        """Set the number of permits of the semaphore ``key`` (creating it if needed).
+
+        Raising it wakes waiters at once. Lowering it takes no permit away: holders keep
+        theirs, and new permits are handed out once fewer are held than the new number.
+        Callers that still pass the old number get :class:`ConfigurationError`.
+        """
+        spec = LockSpec.create(permits=permits)
+        assert spec.permits is not None
+        self.backend.sem_state(check_key(key), spec.permits)
+
+    def permits(self, key: str) -> tuple[int | None, int]:
+        """``(permits, in use)`` of the semaphore ``key``: its number of permits (``None``
+        if it was never used) and how many are held now (leases that have not ended)."""
+        return self.backend.sem_state(check_key(key))
+
     def stats(self) -> ClientStats:
         """Counters since the client was created (renewals, lost leases, ...)."""
         wd = self._watchdog.stats
@@ -648,7 +723,7 @@ class LockClient:
 
     def _acquire(self, key: str, spec: LockSpec) -> Lease:
         """Re-enter a lease this context holds on ``key``, or take the lock."""
-        held = self._held_here(key)
+        held = self._held_here(key, spec.permits)
         if held is not None:
             return self._reenter(held)
         plan = self._plan(spec)
@@ -656,32 +731,42 @@ class LockClient:
         waiter = self._fair_waiter(spec) if spec.fair else self._early_waiter(key, spec)
         sent = self._clock()
         try:
-            result = self._try(key, token, plan.lease_time, waiter, fair=spec.fair)
+            result = self._try(key, token, plan.lease_time, spec, waiter)
         except BaseException:
             if waiter is not None:
-                self._leave_queue(key, waiter, spec.fair)
+                self._leave_queue(key, waiter, spec)
             raise
         if not result.acquired:
             result, sent = self._wait(key, token, plan.lease_time, spec, sent, result, waiter)
         if self._too_few_replicas(result):
-            self._discard(key, token, spec.fair)
+            self._discard(key, token, spec)
             raise self._not_replicated(key, result)
         try:
             return self._new_lease(key, token, result, spec, plan, sent, None)
         except BaseException:
-            self._discard(key, token, spec.fair)
+            self._discard(key, token, spec)
             raise
 
-    def _leave_queue(self, key: str, waiter: str, fair: bool) -> None:
+    def _leave_queue(self, key: str, waiter: str, spec: LockSpec) -> None:
         """Take ``waiter`` off ``key``'s queue when its wait ends before the wait loop (which
         does this itself): a fair waiter's own place always, the process's place only when
         no other waiter of this process for ``key`` is left to use it."""
-        if not fair and key in self._slots:
+        if not spec.fair and _slot_key(key, spec) in self._slots:
             return
         try:
-            self.backend.unqueue(key, waiter, fair)
+            self.backend.unqueue(key, waiter, spec.fair, spec.permits is not None)
         except BackendError:
             pass
+
+    @staticmethod
+    def _check_permits(key: str, spec: LockSpec, result: AcquireResult) -> None:
+        """Raise when the store's semaphore has another number of permits than asked for."""
+        if result.permits is not None:
+            raise ConfigurationError(
+                f"semaphore {key!r} has {result.permits} permits, not {spec.permits}: change the number "
+                f"explicitly with client.set_permits({key!r}, {spec.permits})",
+                key=key,
+            )
 
     def _too_few_replicas(self, result: AcquireResult) -> bool:
         wanted = self.wait_replicas
@@ -721,13 +806,13 @@ class LockClient:
 
     # -- steps shared by the sync and async engines (no I/O) ------------------------------
 
-    def _held_here(self, key: str) -> Lease | None:
+    def _held_here(self, key: str, permits: int | None = None) -> Lease | None:
         """The lease this context holds on ``key`` (a re-entry), checking the client is open."""
         if self._closed:
             raise ConfigurationError("this LockClient is closed", key=key)
         # Walk this context's held leases only if this client holds the key at all, so
         # taking many distinct locks in one context stays O(1) per lock.
-        return _find_held(self, key) if key in self._held_keys else None
+        return _find_held(self, key, permits) if key in self._held_keys else None
 
     def _plan(self, spec: LockSpec) -> _Plan:
         watchdog = spec.lease is None
@@ -759,6 +844,7 @@ class LockClient:
             on_lost=spec.on_lost,
             renewer=renewer,
             fair=spec.fair,
+            permits=spec.permits,
         )
         if plan.watchdog:
             self._watchdog.register(lease)
@@ -816,29 +902,32 @@ class LockClient:
             release_log.warning("%r is still held by this owner after its last release", lease.key)
 
     def _try(
-        self,
-        key: str,
-        token: str,
-        lease_time: float,
-        waiter: str | None = None,
-        front: bool = False,
-        fair: bool = False,
+        self, key: str, token: str, lease_time: float, spec: LockSpec, waiter: str | None = None, front: bool = False
     ) -> AcquireResult:
         try:
-            if fair:
+            if spec.permits is not None:
+                result = self.backend.sem_acquire(key, token, lease_time, spec.permits, waiter, front)
+                self._check_permits(key, spec, result)
+                return result
+            if spec.fair:
                 return self.backend.acquire(key, token, lease_time, waiter, False, True)
             if waiter is None:
                 return self.backend.acquire(key, token, lease_time)
             return self.backend.acquire(key, token, lease_time, waiter, front)
+        except ConfigurationError:
+            raise
         except BaseException:
             # The request may have reached the store before the failure (a timeout, an
             # interrupt): make sure it leaves no lock behind.
-            self._discard(key, token, fair)
+            self._discard(key, token, spec)
             raise
 
-    def _discard(self, key: str, token: str, fair: bool = False) -> None:
+    def _discard(self, key: str, token: str, spec: LockSpec) -> None:
         try:
-            self.backend.release(key, token, fair)
+            if spec.permits is not None:
+                self.backend.sem_release(key, token)
+            else:
+                self.backend.release(key, token, spec.fair)
         except BackendError:
             pass
 
@@ -859,7 +948,7 @@ class LockClient:
         deadline = _policy.wait_deadline(start, spec.wait)
         if deadline is not None and self._clock() >= deadline:
             if waiter is not None:
-                self._leave_queue(key, waiter, spec.fair)
+                self._leave_queue(key, waiter, spec)
             raise self._not_acquired(key, spec, start, result, 1)
         if log.isEnabledFor(logging.DEBUG):
             ends = "with no expiry" if result.holder_ttl is None else f"in {result.holder_ttl:.3f}s"
@@ -868,7 +957,8 @@ class LockClient:
         if spec.fair:
             return self._wait_turn(key, token, lease_time, spec, start, deadline, result, None, waiter)
         queued = waiter is not None
-        slot = self._join_slot(key)
+        slot_key = _slot_key(key, spec)
+        slot = self._join_slot(slot_key)
         timed_out = False
         try:
             # Same-process waiters coalesce: only the one holding the slot talks to the store.
@@ -891,9 +981,9 @@ class LockClient:
             finally:
                 slot.lock.release()
         finally:
-            self._leave_slot(key, slot)
+            self._leave_slot(slot_key, slot)
             if timed_out and waiter is not None:
-                self._leave_queue(key, waiter, False)
+                self._leave_queue(key, waiter, spec)
 
     def _wait_turn(
         self,
@@ -954,7 +1044,7 @@ class LockClient:
                     attempt += 1
                 sent = clock()
                 # Woken for this release but beaten to it: keep the head of the queue.
-                result = self._try(key, token, lease_time, waiter, woken, fair)
+                result = self._try(key, token, lease_time, spec, waiter, woken and not fair)
                 tries += 1
                 if result.acquired:
                     waiter = None  # the acquire script took us off the queue
@@ -966,7 +1056,7 @@ class LockClient:
                 # Gave up with no other waiter of ours to take over: leave the queue, so a
                 # release wakes someone still waiting.
                 try:
-                    self.backend.unqueue(key, waiter, fair)
+                    self.backend.unqueue(key, waiter, fair, spec.permits is not None)
                 except BackendError:
                     pass
 
@@ -1006,7 +1096,10 @@ class LockClient:
                 reason=lease.lost_reason or "expired",
                 lease=lease,
             )
-        result = self.backend.reenter(lease.key, lease.token)
+        if lease.permits is not None:
+            result = self.backend.sem_reenter(lease.key, lease.token)
+        else:
+            result = self.backend.reenter(lease.key, lease.token)
         if not result.acquired:
             self._lost_here(lease, "not-owner")
             raise LockLost(
@@ -1035,11 +1128,14 @@ class LockClient:
             # runs on its event loop. renew.lua extends only a key its token still owns, so a
             # renewal that lands after this release changes nothing.
             batch.done.wait()
-        if not self._release_ready(lease, last):
-            return
+        if not self._release_ready(lease, last) or (lease.permits is not None and not last):
+            return  # a semaphore's re-entry holds are counted here, not in the store
         code: ReleaseResult | BackendError
         try:
-            code = self.backend.release(lease.key, lease.token, lease.fair)
+            if lease.permits is not None:
+                code = self.backend.sem_release(lease.key, lease.token)
+            else:
+                code = self.backend.release(lease.key, lease.token, lease.fair)
         except BackendError as exc:
             code = exc
         self._release_done(lease, last, code)
@@ -1175,7 +1271,7 @@ class LockClient:
                 self._last_state = None
 
     async def _aacquire(self, key: str, spec: LockSpec) -> Lease:
-        held = self._held_here(key)
+        held = self._held_here(key, spec.permits)
         state = self._loop_state()
         if held is not None:
             return await self._areenter(held, state)
@@ -1184,31 +1280,31 @@ class LockClient:
         waiter = self._fair_waiter(spec) if spec.fair else self._early_async_waiter(state, key, spec)
         sent = self._clock()
         try:
-            result = await self._atry(state, key, token, plan.lease_time, waiter, fair=spec.fair)
+            result = await self._atry(state, key, token, plan.lease_time, spec, waiter)
         except BaseException:
             if waiter is not None:
-                await self._aleave_queue(state, key, waiter, spec.fair, key in state.slots)
+                await self._aleave_queue(state, key, waiter, spec, _slot_key(key, spec) in state.slots)
             raise
         if not result.acquired:
             result, sent = await self._await(state, key, token, plan.lease_time, spec, sent, result, waiter)
         if self._too_few_replicas(result):
-            await self._adiscard(state, key, token, spec.fair)
+            await self._adiscard(state, key, token, spec)
             raise self._not_replicated(key, result)
         try:
             return self._new_lease(key, token, result, spec, plan, sent, state.renewer)
         except BaseException:
-            await self._adiscard(state, key, token, spec.fair)
+            await self._adiscard(state, key, token, spec)
             raise
 
-    async def _aleave_queue(self, state: _LoopState, key: str, waiter: str, fair: bool, others: bool) -> None:
+    async def _aleave_queue(self, state: _LoopState, key: str, waiter: str, spec: LockSpec, others: bool) -> None:
         """:meth:`_leave_queue` for a task (shielded: it may run while the task is cancelled);
         ``others``: other waiters of this loop still use the loop's place."""
-        if not fair and others:
+        if not spec.fair and others:
             return
 
         async def unqueue() -> None:
             try:
-                await state.backend.unqueue(key, waiter, fair)
+                await state.backend.unqueue(key, waiter, spec.fair, spec.permits is not None)
             except BackendError:
                 pass
 
@@ -1231,13 +1327,17 @@ class LockClient:
         key: str,
         token: str,
         lease_time: float,
+        spec: LockSpec,
         waiter: str | None = None,
         front: bool = False,
-        fair: bool = False,
     ) -> AcquireResult:
         try:
-            if fair:
-                result: AcquireResult = await state.backend.acquire(key, token, lease_time, waiter, False, True)
+            if spec.permits is not None:
+                result: AcquireResult = await state.backend.sem_acquire(
+                    key, token, lease_time, spec.permits, waiter, front
+                )
+            elif spec.fair:
+                result = await state.backend.acquire(key, token, lease_time, waiter, False, True)
             elif waiter is None:
                 result = await state.backend.acquire(key, token, lease_time)
             else:
@@ -1245,14 +1345,18 @@ class LockClient:
         except BaseException:
             # Cancelled or failed after the request may have reached the store: release the
             # token before giving up (a release with a token that holds nothing is a no-op).
-            await self._adiscard(state, key, token, fair)
+            await self._adiscard(state, key, token, spec)
             raise
+        self._check_permits(key, spec, result)
         return result
 
-    async def _adiscard(self, state: _LoopState, key: str, token: str, fair: bool = False) -> None:
+    async def _adiscard(self, state: _LoopState, key: str, token: str, spec: LockSpec) -> None:
         async def discard() -> None:
             try:
-                await state.backend.release(key, token, fair)
+                if spec.permits is not None:
+                    await state.backend.sem_release(key, token)
+                else:
+                    await state.backend.release(key, token, spec.fair)
             except BackendError:
                 pass
 
@@ -1274,12 +1378,13 @@ class LockClient:
         deadline = _policy.wait_deadline(start, spec.wait)
         if deadline is not None and self._clock() >= deadline:
             if waiter is not None:
-                await self._aleave_queue(state, key, waiter, spec.fair, key in state.slots)
+                await self._aleave_queue(state, key, waiter, spec, _slot_key(key, spec) in state.slots)
             raise self._not_acquired(key, spec, start, result, 1)
         if spec.fair:
             return await self._await_turn(state, key, token, lease_time, spec, start, deadline, result, None, waiter)
         queued = waiter is not None
-        slot = state.join_slot(key)
+        slot_key = _slot_key(key, spec)
+        slot = state.join_slot(slot_key)
         turn = False
         try:
             if slot.users > 1:
@@ -1305,10 +1410,10 @@ class LockClient:
         except BaseException:
             if not turn and waiter is not None:
                 # Timed out or cancelled before our turn (the wait loop leaves the queue itself).
-                await self._aleave_queue(state, key, waiter, False, slot.users > 1)
+                await self._aleave_queue(state, key, waiter, spec, slot.users > 1)
             raise
         finally:
-            state.leave_slot(key, slot)
+            state.leave_slot(slot_key, slot)
 
     async def _await_turn(
         self,
@@ -1367,7 +1472,7 @@ class LockClient:
                     attempt += 1
                 sent = clock()
                 # Woken for this release but beaten to it: keep the head of the queue.
-                result = await self._atry(state, key, token, lease_time, waiter, woken, fair)
+                result = await self._atry(state, key, token, lease_time, spec, waiter, woken and not fair)
                 tries += 1
                 if result.acquired:
                     waiter = None  # the acquire script took us off the queue
@@ -1380,7 +1485,7 @@ class LockClient:
                 # this may run while the waiter is being cancelled).
                 async def unqueue() -> None:
                     try:
-                        await state.backend.unqueue(key, waiter, fair)
+                        await state.backend.unqueue(key, waiter, fair, spec.permits is not None)
                     except BackendError:
                         pass
 
@@ -1397,13 +1502,18 @@ class LockClient:
             )
         # Shielded, and awaited to the end even when the caller is cancelled: a re-entry that
         # ran in the store added a hold that must be given back, and only its answer tells.
-        attempt = state.spawn(state.backend.reenter(lease.key, lease.token))
+        backend = state.backend
+        attempt = state.spawn(
+            backend.sem_reenter(lease.key, lease.token)
+            if lease.permits is not None
+            else backend.reenter(lease.key, lease.token)
+        )
         try:
             result = await asyncio.shield(attempt)
         except asyncio.CancelledError:
             with contextlib.suppress(BaseException):
                 result = await attempt
-                if result.acquired:
+                if result.acquired and lease.permits is None:  # a semaphore re-entry adds nothing in the store
                     await _shielded(state, state.backend.release(lease.key, lease.token, lease.fair))
             raise
         if not result.acquired:
@@ -1428,11 +1538,14 @@ class LockClient:
         if batch is not None and lease._renewer is not None and lease._renewer.loop is state.loop:
             # Only this loop's renewal round trip can be awaited (see _release).
             await batch.done.wait()
-        if not self._release_ready(lease, last):
+        if not self._release_ready(lease, last) or (lease.permits is not None and not last):
             return
         code: ReleaseResult | BackendError
         try:
-            code = await state.backend.release(lease.key, lease.token, lease.fair)
+            if lease.permits is not None:
+                code = await state.backend.sem_release(lease.key, lease.token)
+            else:
+                code = await state.backend.release(lease.key, lease.token, lease.fair)
         except BackendError as exc:
             code = exc
         self._release_done(lease, last, code)

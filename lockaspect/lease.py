@@ -63,6 +63,8 @@ class Lease:
         lease_time: Seconds of lease asked for at each (re)newal.
         watchdog: ``True`` when the watchdog renews the lease until the call completes.
         fair: ``True`` for a fair lock (its release wakes the fair queue's first waiter).
+        permits: For a semaphore permit, the semaphore's number of permits; ``None`` for a
+            lock.
     """
 
     __slots__ = (
@@ -87,6 +89,7 @@ class Lease:
         "fencing_token",
         "key",
         "lease_time",
+        "permits",
         "token",
         "watchdog",
     )
@@ -106,9 +109,11 @@ class Lease:
         on_lost: Callable[[Lease], object] | None,
         renewer: Any = None,
         fair: bool = False,
+        permits: int | None = None,
     ) -> None:
         self.key = key
         self.fair = fair
+        self.permits = permits
         self.token = token
         self.fencing_token = fencing_token
         self.acquired_at = time.time()
@@ -250,11 +255,19 @@ def _push(lease: Lease) -> Token[_Held | None]:
     return _HELD.set(_Held(lease, _HELD.get()))
 
 
-def _find_held(client: Any, key: str) -> Lease | None:
+def _find_held(client: Any, key: str, permits: int | None = None) -> Lease | None:
+    """The innermost lease this context holds on ``key`` through ``client``: a lock's, or
+    with ``permits`` a semaphore permit's of that many permits."""
     held = _HELD.get()
     while held is not None:
         lease = held.lease
-        if lease._client is client and lease.key == key and lease._holds > 0 and lease._epoch == client._epoch:
+        if (
+            lease._client is client
+            and lease.key == key
+            and lease.permits == permits
+            and lease._holds > 0
+            and lease._epoch == client._epoch
+        ):
             return lease
         held = held.parent
     return None

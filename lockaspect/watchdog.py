@@ -29,6 +29,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from . import _policy
+from .backends.base import RenewItem
 from .errors import BackendError
 from .lease import ARMED, CLOSED, FINAL, IN_FLIGHT, QUEUED, Lease
 
@@ -249,13 +250,17 @@ class Watchdog:
             due.clear()
         return leases
 
-    def _requests(self, leases: list[Lease]) -> tuple[float, list[tuple[str, str, float]]]:
+    def _requests(self, leases: list[Lease]) -> tuple[float, list[RenewItem]]:
         sent = self._clock()
         self.stats.round_trips += 1
-        return sent, [
-            (lease.key, lease.token, _policy.renewal_lease(sent, lease.lease_time, lease._hold_deadline))
-            for lease in leases
-        ]
+        requests: list[RenewItem] = []
+        for lease in leases:
+            renewal = _policy.renewal_lease(sent, lease.lease_time, lease._hold_deadline)
+            if lease.permits is None:
+                requests.append((lease.key, lease.token, renewal))
+            else:
+                requests.append((lease.key, lease.token, renewal, True))
+        return sent, requests
 
     def _outcome(self, count: int, error: BackendError | None) -> None:
         """Account a round trip's success or failure, logging an outage once each way."""
@@ -275,7 +280,7 @@ class Watchdog:
         leases: list[Lease],
         batch: Any,
         sent: float,
-        requests: list[tuple[str, str, float]],
+        requests: list[RenewItem],
         statuses: list[bool] | None,
     ) -> None:
         """Act on the store's answer (``None``: the round trip failed) and finish ``batch``."""

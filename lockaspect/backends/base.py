@@ -17,8 +17,14 @@ __all__ = [
     "Capability",
     "Notifier",
     "ReleaseResult",
+    "RenewItem",
     "Subscription",
 ]
+
+
+#: What the watchdog asks a backend to renew: ``(key, token, lease seconds)`` for a lock,
+#: ``(key, token, lease seconds, True)`` for a semaphore permit.
+RenewItem = tuple[str, str, float] | tuple[str, str, float, bool]
 
 
 class Capability(enum.Flag):
@@ -47,6 +53,8 @@ class AcquireResult(NamedTuple):
             the store did not say.
         replicas: When acquired by a backend asked to wait for replicas, how many
             confirmed the write in time; else ``None``.
+        permits: Semaphores only: the semaphore has this many permits, not the number the
+            caller expected (nothing was acquired or changed); else ``None``.
     """
 
     acquired: bool
@@ -54,6 +62,7 @@ class AcquireResult(NamedTuple):
     holds: int = 0
     holder_ttl: float | None = None
     replicas: int | None = None
+    permits: int | None = None
 
 
 class ReleaseResult(enum.IntEnum):
@@ -126,8 +135,30 @@ class Backend(Protocol):
         """
         ...
 
-    def unqueue(self, key: str, waiter: str, fair: bool = False) -> None:
+    def unqueue(self, key: str, waiter: str, fair: bool = False, semaphore: bool = False) -> None:
         """Take ``waiter`` off ``key``'s queue: it stopped waiting."""
+        ...
+
+    def sem_acquire(
+        self, key: str, token: str, lease: float, permits: int, waiter: str | None = None, front: bool = False
+    ) -> AcquireResult:
+        """Take one of the ``permits`` permits of semaphore ``key`` for ``lease`` seconds, each
+        permit with a lease of its own; a permit whose lease ended is free again. When the
+        semaphore has another number of permits, nothing happens and ``permits`` says how
+        many. Waiters queue as for :meth:`acquire`."""
+        ...
+
+    def sem_release(self, key: str, token: str) -> ReleaseResult:
+        """Give the permit back (``RELEASED``) and wake the next waiter, or ``NOT_OWNER``."""
+        ...
+
+    def sem_reenter(self, key: str, token: str) -> AcquireResult:
+        """Whether ``token`` still holds a permit of ``key`` (re-entry holds are counted by
+        the client)."""
+        ...
+
+    def sem_state(self, key: str, permits: int | None = None) -> tuple[int | None, int]:
+        """``(permits, in use)``, after setting the permits to ``permits`` if given."""
         ...
 
     def reenter(self, key: str, token: str) -> AcquireResult:
@@ -140,9 +171,10 @@ class Backend(Protocol):
         the fair lock's queue with ``fair``)."""
         ...
 
-    def renew(self, leases: Sequence[tuple[str, str, float]]) -> list[bool]:
-        """Extend many ``(key, token, lease)`` in one round trip; one bool per item:
-        ``True`` renewed, ``False`` not ours any more."""
+    def renew(self, leases: Sequence[RenewItem]) -> list[bool]:
+        """Extend many ``(key, token, lease)`` in one round trip (``(key, token, lease,
+        True)`` for a semaphore permit); one bool per item: ``True`` renewed, ``False`` not
+        ours any more."""
         ...
 
     def notifier(self) -> Notifier | None:

@@ -39,7 +39,7 @@ from redis.retry import Retry
 from .._policy import FAIR_GONE_AFTER, FAIR_SUBSCRIBE_GRACE
 from ..errors import BackendError, ConfigurationError
 from ._channels import ChannelTable
-from .base import AcquireResult, Capability, ReleaseResult
+from .base import AcquireResult, Capability, ReleaseResult, RenewItem
 
 __all__ = ["LuaScript", "RedisBackend", "RedisNotifier", "load_script", "map_redis_error"]
 
@@ -291,6 +291,11 @@ class _RedisLocks:
         self._release = LuaScript("release.lua")
         self._renew = LuaScript("renew.lua")
         self._unqueue = LuaScript("unqueue.lua")
+        self._sem_acquire = LuaScript("sem_acquire.lua")
+        self._sem_release = LuaScript("sem_release.lua")
+        self._sem_renew = LuaScript("sem_renew.lua")
+        self._sem_reenter = LuaScript("sem_reenter.lua")
+        self._sem_set = LuaScript("sem_set.lua")
 
     def lock_key(self, key: str) -> str:
         return f"{self.namespace}{{{key}}}"
@@ -317,6 +322,47 @@ class _RedisLocks:
     def _acquired_replicated(self, reply: int, acked: Any) -> AcquireResult:
         result = self._acquired(reply)
         return result._replace(replicas=int(acked)) if result.acquired else result
+
+    def semaphore_key(self, key: str) -> str:
+        """A semaphore's holders: a sorted set of owner tokens by permit expiry (see
+        sem_acquire.lua); ``…:permits``, ``…:fences`` and ``…:waiters`` sit next to it."""
+        return f"{self.namespace}{{{key}}}:sem"
+
+    # -- semaphores: requests and replies (no I/O) --
+
+    def _sem_acquire_request(
+        self, key: str, token: str, lease: float, permits: int, waiter: str | None, front: bool
+    ) -> tuple[tuple[bytes, ...], tuple[bytes, ...]]:
+        lock = self._lock(key)
+        sem = lock + b":sem"
+        keys = (sem, sem + b":permits", lock + b":fence", sem + b":waiters", sem + b":fences")
+        args = (token.encode(), b"%d" % _ms(lease), b"%d" % permits, (waiter or "").encode())
+        return keys, (*args, b"front" if front else b"back")
+
+    def _sem_release_request(self, key: str, token: str) -> tuple[tuple[bytes, ...], tuple[bytes, ...]]:
+        lock = self._lock(key)
+        sem = lock + b":sem"
+        return (sem, sem + b":fences", sem + b":waiters"), (token.encode(), lock)
+
+    def _sem_set_request(self, key: str, permits: int | None) -> tuple[tuple[bytes, ...], tuple[bytes, ...]]:
+        lock = self._lock(key)
+        sem = lock + b":sem"
+        new = b"" if permits is None else b"%d" % permits
+        return (sem, sem + b":permits", sem + b":waiters"), (new, lock)
+
+    @staticmethod
+    def _sem_acquired(reply: list[int]) -> AcquireResult:
+        status, value = int(reply[0]), int(reply[1])
+        if status == 1:
+            return AcquireResult(True, value, 1)
+        if status == 0:
+            return AcquireResult(False, holder_ttl=value / 1000.0)
+        return AcquireResult(False, permits=value)
+
+    @staticmethod
+    def _sem_state(reply: list[int]) -> tuple[int | None, int]:
+        permits = int(reply[0])
+        return (None if permits < 0 else permits), int(reply[1])
 
     def fair_queue_key(self, key: str) -> str:
         """The fair lock's waiter queue, in arrival order (see acquire.lua)."""
@@ -347,8 +393,13 @@ class _RedisLocks:
         return (lock, lock + b":waiters"), (token.encode(),)
 
     @staticmethod
-    def _unqueue_request(lock: bytes, waiter: str, fair: bool) -> tuple[tuple[bytes, ...], tuple[bytes, ...]]:
-        keys = (lock + b":fair", lock + b":fair:seen") if fair else (lock + b":waiters",)
+    def _unqueue_request(
+        lock: bytes, waiter: str, fair: bool, semaphore: bool = False
+    ) -> tuple[tuple[bytes, ...], tuple[bytes, ...]]:
+        if semaphore:
+            keys: tuple[bytes, ...] = (lock + b":sem:waiters",)
+        else:
+            keys = (lock + b":fair", lock + b":fair:seen") if fair else (lock + b":waiters",)
         return keys, (waiter.encode(),)
 
     @staticmethod
@@ -361,28 +412,51 @@ class _RedisLocks:
     def _reentered(holds: int) -> AcquireResult:
         return AcquireResult(holds > 0, 0, holds)
 
-    def _queue_renewals(self, pipe: Any, leases: Sequence[tuple[str, str, float]]) -> None:
+    def _queue_renewals(self, pipe: Any, leases: Sequence[RenewItem]) -> list[int]:
         """Queue one EVALSHA per chunk of ``leases`` on a pipeline (sync or async: queueing
-        does no I/O in either)."""
-        namespace, sha = self.namespace, self._renew.sha
-        for i in range(0, len(leases), RENEW_CHUNK):
+        does no I/O in either): locks with renew.lua, semaphore permits (items with a 4th
+        element ``True``) with sem_renew.lua. The order in which the answers come back, as
+        indexes into ``leases`` (see :meth:`_renewed`)."""
+        namespace = self.namespace
+        locks = [i for i, item in enumerate(leases) if len(item) < 4 or not item[3]]
+        permits = [i for i, item in enumerate(leases) if len(item) >= 4 and item[3]]
+        for start in range(0, len(locks), RENEW_CHUNK):
             keys: list[str] = []
             args: list[object] = []
-            for key, token, lease in leases[i : i + RENEW_CHUNK]:
+            for i in locks[start : start + RENEW_CHUNK]:
+                key, token, lease = leases[i][:3]
                 keys.append(f"{namespace}{{{key}}}")
                 args.append(token)
                 args.append(_ms(lease))
-            pipe.execute_command("EVALSHA", sha, len(keys), *keys, *args)
+            pipe.execute_command("EVALSHA", self._renew.sha, len(keys), *keys, *args)
+        for start in range(0, len(permits), RENEW_CHUNK):
+            keys = []
+            args = []
+            for i in permits[start : start + RENEW_CHUNK]:
+                key, token, lease = leases[i][:3]
+                keys.append(f"{namespace}{{{key}}}:sem")
+                keys.append(f"{namespace}{{{key}}}:sem:fences")
+                args.append(token)
+                args.append(_ms(lease))
+            pipe.execute_command("EVALSHA", self._sem_renew.sha, len(keys), *keys, *args)
+        return locks + permits
 
     @staticmethod
-    def _renewed(replies: list[Any]) -> list[bool]:
+    def _renewed(replies: list[Any], order: list[int]) -> list[bool]:
         for reply in replies:
             if isinstance(reply, Exception):
                 raise reply
-        return [bool(status) for reply in replies for status in reply]
+        statuses = [bool(status) for reply in replies for status in reply]
+        renewed = [False] * len(order)
+        for index, status in zip(order, statuses, strict=True):
+            renewed[index] = status
+        return renewed
+
+    def _renew_scripts(self) -> tuple[LuaScript, ...]:
+        return (self._renew, self._sem_renew)
 
     @staticmethod
-    def _renew_error(exc: RedisError, leases: Sequence[tuple[str, str, float]]) -> BackendError:
+    def _renew_error(exc: RedisError, leases: Sequence[RenewItem]) -> BackendError:
         first = leases[0][0] if len(leases) == 1 else None
         return map_redis_error(exc, first, f"renewal of {len(leases)} lease(s)")
 
@@ -446,13 +520,47 @@ class RedisBackend(_RedisLocks):
             raise map_redis_error(exc, key, "acquire") from exc
         return self._acquired(reply)
 
-    def unqueue(self, key: str, waiter: str, fair: bool = False) -> None:
+    def unqueue(self, key: str, waiter: str, fair: bool = False, semaphore: bool = False) -> None:
         """Take ``waiter`` off ``key``'s waiter queue (it stopped waiting)."""
-        keys, args = self._unqueue_request(self._lock(key), waiter, fair)
+        keys, args = self._unqueue_request(self._lock(key), waiter, fair, semaphore)
         try:
             self._unqueue.run(self._wire, self.redis, keys, args)
         except RedisError as exc:
             raise map_redis_error(exc, key, "unqueue") from exc
+
+    def sem_acquire(
+        self, key: str, token: str, lease: float, permits: int, waiter: str | None = None, front: bool = False
+    ) -> AcquireResult:
+        """Take one of ``permits`` permits of semaphore ``key`` for ``lease`` seconds."""
+        keys, args = self._sem_acquire_request(key, token, lease, permits, waiter, front)
+        try:
+            return self._sem_acquired(self._sem_acquire.run(self._wire, self.redis, keys, args))
+        except RedisError as exc:
+            raise map_redis_error(exc, key, "acquire") from exc
+
+    def sem_release(self, key: str, token: str) -> ReleaseResult:
+        keys, args = self._sem_release_request(key, token)
+        try:
+            code = self._sem_release.run(self._wire, self.redis, keys, args)
+        except RedisError as exc:
+            raise map_redis_error(exc, key, "release") from exc
+        return _RELEASE_CODES[code]
+
+    def sem_reenter(self, key: str, token: str) -> AcquireResult:
+        try:
+            held = self._sem_reenter.run(self._wire, self.redis, (self._lock(key) + b":sem",), (token.encode(),))
+        except RedisError as exc:
+            raise map_redis_error(exc, key, "re-enter") from exc
+        return AcquireResult(bool(held), 0, 2 if held else 0)
+
+    def sem_state(self, key: str, permits: int | None = None) -> tuple[int | None, int]:
+        """``(permits, in use)`` of semaphore ``key``, after setting its permits to
+        ``permits`` if given (``None`` permits: never set)."""
+        keys, args = self._sem_set_request(key, permits)
+        try:
+            return self._sem_state(self._sem_set.run(self._wire, self.redis, keys, args))
+        except RedisError as exc:
+            raise map_redis_error(exc, key, "set_permits" if permits is not None else "permits") from exc
 
     def reenter(self, key: str, token: str) -> AcquireResult:
         try:
@@ -469,19 +577,20 @@ class RedisBackend(_RedisLocks):
             raise map_redis_error(exc, key, "release") from exc
         return _RELEASE_CODES[code]
 
-    def renew(self, leases: Sequence[tuple[str, str, float]]) -> list[bool]:
+    def renew(self, leases: Sequence[RenewItem]) -> list[bool]:
         if not leases:
             return []
         try:
             pipe = self.redis.pipeline(transaction=False)
-            self._queue_renewals(pipe, leases)
+            order = self._queue_renewals(pipe, leases)
             replies: list[Any] = pipe.execute(raise_on_error=False)
             if any(isinstance(reply, NoScriptError) for reply in replies):
-                self.redis.execute_command("SCRIPT", "LOAD", self._renew.source)
+                for script in self._renew_scripts():
+                    self.redis.execute_command("SCRIPT", "LOAD", script.source)
                 pipe = self.redis.pipeline(transaction=False)
                 self._queue_renewals(pipe, leases)
                 replies = pipe.execute(raise_on_error=False)
-            return self._renewed(replies)
+            return self._renewed(replies, order)
         except RedisError as exc:
             raise self._renew_error(exc, leases) from exc
 
@@ -879,12 +988,44 @@ class AsyncRedisBackend(_RedisLocks):
             raise map_redis_error(exc, key, "acquire") from exc
         return self._acquired(reply)
 
-    async def unqueue(self, key: str, waiter: str, fair: bool = False) -> None:
-        keys, args = self._unqueue_request(self._lock(key), waiter, fair)
+    async def unqueue(self, key: str, waiter: str, fair: bool = False, semaphore: bool = False) -> None:
+        keys, args = self._unqueue_request(self._lock(key), waiter, fair, semaphore)
         try:
             await _run_async(self._unqueue, self._wire, self.redis, keys, args)
         except RedisError as exc:
             raise map_redis_error(exc, key, "unqueue") from exc
+
+    async def sem_acquire(
+        self, key: str, token: str, lease: float, permits: int, waiter: str | None = None, front: bool = False
+    ) -> AcquireResult:
+        keys, args = self._sem_acquire_request(key, token, lease, permits, waiter, front)
+        try:
+            return self._sem_acquired(await _run_async(self._sem_acquire, self._wire, self.redis, keys, args))
+        except RedisError as exc:
+            raise map_redis_error(exc, key, "acquire") from exc
+
+    async def sem_release(self, key: str, token: str) -> ReleaseResult:
+        keys, args = self._sem_release_request(key, token)
+        try:
+            code = await _run_async(self._sem_release, self._wire, self.redis, keys, args)
+        except RedisError as exc:
+            raise map_redis_error(exc, key, "release") from exc
+        return _RELEASE_CODES[code]
+
+    async def sem_reenter(self, key: str, token: str) -> AcquireResult:
+        keys = (self._lock(key) + b":sem",)
+        try:
+            held = await _run_async(self._sem_reenter, self._wire, self.redis, keys, (token.encode(),))
+        except RedisError as exc:
+            raise map_redis_error(exc, key, "re-enter") from exc
+        return AcquireResult(bool(held), 0, 2 if held else 0)
+
+    async def sem_state(self, key: str, permits: int | None = None) -> tuple[int | None, int]:
+        keys, args = self._sem_set_request(key, permits)
+        try:
+            return self._sem_state(await _run_async(self._sem_set, self._wire, self.redis, keys, args))
+        except RedisError as exc:
+            raise map_redis_error(exc, key, "set_permits" if permits is not None else "permits") from exc
 
     async def reenter(self, key: str, token: str) -> AcquireResult:
         try:
@@ -901,19 +1042,20 @@ class AsyncRedisBackend(_RedisLocks):
             raise map_redis_error(exc, key, "release") from exc
         return _RELEASE_CODES[code]
 
-    async def renew(self, leases: Sequence[tuple[str, str, float]]) -> list[bool]:
+    async def renew(self, leases: Sequence[RenewItem]) -> list[bool]:
         if not leases:
             return []
         try:
             pipe = self.redis.pipeline(transaction=False)
-            self._queue_renewals(pipe, leases)
+            order = self._queue_renewals(pipe, leases)
             replies: list[Any] = await pipe.execute(raise_on_error=False)
             if any(isinstance(reply, NoScriptError) for reply in replies):
-                await self.redis.execute_command("SCRIPT", "LOAD", self._renew.source)
+                for script in self._renew_scripts():
+                    await self.redis.execute_command("SCRIPT", "LOAD", script.source)
                 pipe = self.redis.pipeline(transaction=False)
                 self._queue_renewals(pipe, leases)
                 replies = await pipe.execute(raise_on_error=False)
-            return self._renewed(replies)
+            return self._renewed(replies, order)
         except RedisError as exc:
             raise self._renew_error(exc, leases) from exc
 

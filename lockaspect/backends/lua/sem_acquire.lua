@@ -1,0 +1,73 @@
+-- sem_acquire.lua: take one permit of a semaphore whose permits expire with their lease, or
+-- report how long until the first one expires (and queue the waiter for a wake-up).
+--
+-- KEYS[1]  the holders: a sorted set {<owner token> = server ms when its permit expires}
+-- KEYS[2]  the number of permits (a string; it never expires, set_permits changes it)
+-- KEYS[3]  the fence counter (see acquire.lua; shared with a lock of the same name)
+-- KEYS[4]  the waiter queue (as the lock's ":waiters", see acquire.lua and release.lua)
+-- KEYS[5]  each holder's fencing token: a hash {<owner token> = fence}
+-- ARGV[1]  owner token
+-- ARGV[2]  lease in milliseconds
+-- ARGV[3]  the number of permits the caller expects
+-- ARGV[4]  optional waiter id ("" for none): if busy, queue it (once); if acquired, take it off
+-- ARGV[5]  "front" to queue at the head (a woken waiter that lost the permit), else "back"
+--
+-- returns  {1, fence}   acquired; a repeated request with the same token gets the same fence
+--          {0, ms}      no permit free: ms until the first permit expires (at least 1)
+--          {-1, n}      the semaphore has n permits, not ARGV[3]: nothing changed
+-- Expired permits are dropped first: a dead holder's permit comes back when its lease ends.
+local time = redis.call('TIME')
+local now = time[1] * 1000 + math.floor(time[2] / 1000)
+local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)
+if #expired > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+  redis.call('HDEL', KEYS[5], unpack(expired))
+end
+local wanted = tonumber(ARGV[3])
+local permits = tonumber(redis.call('GET', KEYS[2]))
+if not permits then
+  redis.call('SET', KEYS[2], wanted)
+  permits = wanted
+elseif permits ~= wanted then
+  return {-1, permits}
+end
+local own = redis.call('HGET', KEYS[5], ARGV[1])
+if own and redis.call('ZSCORE', KEYS[1], ARGV[1]) then
+  return {1, tonumber(own)}
+end
+local waiter = ARGV[4]
+if waiter == '' then
+  waiter = nil
+end
+if redis.call('ZCARD', KEYS[1]) < permits then
+  local fence = redis.call('INCR', KEYS[3])
+  if fence == 1 then
+    local clock = redis.call('TIME')
+    local start = clock[1] .. string.format('%06d', tonumber(clock[2]))
+    redis.call('SET', KEYS[3], start)
+    fence = tonumber(start)
+  end
+  redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+  redis.call('HSET', KEYS[5], ARGV[1], fence)
+  -- the holders' keys live as long as their longest permit
+  local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+  local ttl = math.max(1, tonumber(last[2]) - now)
+  redis.call('PEXPIRE', KEYS[1], ttl)
+  redis.call('PEXPIRE', KEYS[5], ttl)
+  if waiter then
+    redis.call('LREM', KEYS[4], 0, waiter)
+  end
+  return {1, fence}
+end
+if waiter then
+  if not redis.call('LPOS', KEYS[4], waiter) then
+    if ARGV[5] == 'front' then
+      redis.call('LPUSH', KEYS[4], waiter)
+    else
+      redis.call('RPUSH', KEYS[4], waiter)
+    end
+  end
+  redis.call('PEXPIRE', KEYS[4], 60000)
+end
+local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+return {0, math.max(1, tonumber(first[2]) - now)}

@@ -1,0 +1,14 @@
+-- sem_reenter.lua: whether a semaphore permit is still held (a nested call re-entering it;
+-- re-entry holds are counted by the client, the store keeps one permit per owner).
+--
+-- KEYS[1]  the holders (see sem_acquire.lua)
+-- ARGV[1]  owner token
+--
+-- returns  1  still held (its lease has not ended); 0 not held any more
+local time = redis.call('TIME')
+local now = time[1] * 1000 + math.floor(time[2] / 1000)
+local expires = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if expires and tonumber(expires) > now then
+  return 1
+end
+return 0

@@ -1,0 +1,27 @@
+-- sem_set.lua: change the number of permits of a semaphore (set_permits), or read it.
+--
+-- KEYS[1]  the holders (see sem_acquire.lua)
+-- KEYS[2]  the number of permits
+-- KEYS[3]  the waiter queue
+-- ARGV[1]  the new number of permits, or "" to only read
+-- ARGV[2]  the wake-up channel prefix (see sem_release.lua)
+--
+-- returns  {permits or -1 when never set, permits in use (not expired)}. Raising the number
+--          wakes up to that many more queued waiters; lowering it takes no permit away (the
+--          holders keep theirs; new ones wait until fewer are held than the new number).
+local time = redis.call('TIME')
+local now = time[1] * 1000 + math.floor(time[2] / 1000)
+local in_use = redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')
+if ARGV[1] ~= '' then
+  local old = tonumber(redis.call('GET', KEYS[2])) or 0
+  local new = tonumber(ARGV[1])
+  redis.call('SET', KEYS[2], new)
+  for _ = 1, math.min(16, math.max(0, new - old)) do
+    local waiter = redis.call('LPOP', KEYS[3])
+    if not waiter then
+      break
+    end
+    redis.pcall('PUBLISH', ARGV[2] .. ':wake:' .. waiter, 'released')
+  end
+end
+return {tonumber(redis.call('GET', KEYS[2])) or -1, in_use}
