@@ -65,6 +65,8 @@ class LockSpec:
             :meth:`LockClient.fair_lock`).
         permits: A semaphore with this many permits (see :meth:`LockClient.semaphore`);
             ``None`` for a lock.
+        mode: ``"read"`` or ``"write"`` for a read-write lock (see
+            :meth:`LockClient.rw_lock`); ``None`` for a lock.
     """
 
     lease: float | None = None
@@ -75,6 +77,16 @@ class LockSpec:
     wait_strategy: str = "notify"
     fair: bool = False
     permits: int | None = None
+    mode: str | None = None
+
+    @property
+    def kind(self) -> str:
+        """``"lock"``, ``"fair"``, ``"semaphore"``, ``"read"`` or ``"write"``."""
+        if self.mode is not None:
+            return self.mode
+        if self.permits is not None:
+            return "semaphore"
+        return "fair" if self.fair else "lock"
 
     @classmethod
     def create(
@@ -88,6 +100,7 @@ class LockSpec:
         wait_strategy: object = "notify",
         fair: object = False,
         permits: object = None,
+        mode: object = None,
     ) -> LockSpec:
         if on_lost is not None and not callable(on_lost):
             raise TypeError(f"on_lost must be callable, got {type(on_lost).__name__}")
@@ -104,6 +117,13 @@ class LockSpec:
                 raise ConfigurationError(f"permits must be at least 1, got {permits}")
             if fair:
                 raise ConfigurationError("a semaphore cannot be fair (fair=True with permits)")
+        if mode is not None:
+            if not isinstance(mode, str):
+                raise TypeError(f"mode must be a str, got {type(mode).__name__}")
+            if mode not in ("read", "write"):
+                raise ConfigurationError(f"mode must be 'read' or 'write', got {mode!r}")
+            if fair or permits is not None:
+                raise ConfigurationError("a read-write lock (mode=) cannot also be fair or a semaphore")
         return cls(
             lease=_policy.lease_seconds(lease),
             delay_weight=None if delay_weight is None else _policy.check_delay_weight(delay_weight),
@@ -113,7 +133,51 @@ class LockSpec:
             wait_strategy=str(wait_strategy),
             fair=fair,
             permits=permits,
+            mode=mode,
         )
+
+
+#: Kinds whose re-entry holds the client counts (the store keeps one hold per owner).
+_LOCAL_HOLDS = frozenset({"semaphore", "read", "write"})
+
+#: Kinds whose waiters each keep a place of their own in the store's queue (no coalescing).
+_OWN_PLACE = frozenset({"fair", "read", "write"})
+
+
+def _acquire_call(
+    backend: Any, key: str, token: str, lease_time: float, spec: LockSpec, waiter: str | None, front: bool, below: str
+) -> Any:
+    """The backend call for one acquire attempt of ``spec``'s kind (a result, or an awaitable
+    on an async backend): the one place sync and async engines choose it. ``below``: the
+    token of the write lock a reader holds (a downgrade), else ""."""
+    kind = spec.kind
+    if kind == "semaphore":
+        return backend.sem_acquire(key, token, lease_time, spec.permits, waiter, front)
+    if kind in ("read", "write"):
+        return backend.rw_acquire(key, token, lease_time, kind, waiter, below)
+    if kind == "fair":
+        return backend.acquire(key, token, lease_time, waiter, False, True)
+    if waiter is None:
+        return backend.acquire(key, token, lease_time)
+    return backend.acquire(key, token, lease_time, waiter, front)
+
+
+def _release_call(backend: Any, key: str, token: str, kind: str) -> Any:
+    """The backend call that gives back ``kind``'s hold (see :func:`_acquire_call`)."""
+    if kind == "semaphore":
+        return backend.sem_release(key, token)
+    if kind in ("read", "write"):
+        return backend.rw_release(key, token, kind)
+    return backend.release(key, token, kind == "fair")
+
+
+def _reenter_call(backend: Any, key: str, token: str, kind: str) -> Any:
+    """The backend call that checks (and for a lock, adds) a re-entry hold."""
+    if kind == "semaphore":
+        return backend.sem_reenter(key, token)
+    if kind in ("read", "write"):
+        return backend.rw_held(key, token, kind)
+    return backend.reenter(key, token)
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,7 +207,8 @@ class _Plan(NamedTuple):
 def _slot_key(key: str, spec: LockSpec) -> str:
     """Where same-process waiters for ``key`` coalesce: a semaphore's apart from a lock's of
     the same name (braces cannot occur in keys)."""
-    return key if spec.permits is None else "{semaphore}" + key
+    kind = spec.kind
+    return key if kind in ("lock", "fair") else "{" + kind + "}" + key
 
 
 def _token() -> str:
@@ -723,21 +788,22 @@ class LockClient:
 
     def _acquire(self, key: str, spec: LockSpec) -> Lease:
         """Re-enter a lease this context holds on ``key``, or take the lock."""
-        held = self._held_here(key, spec.permits)
+        held = self._held_here(key, spec.kind)
         if held is not None:
             return self._reenter(held)
+        below = self._below(key, spec)
         plan = self._plan(spec)
         token = _token()
-        waiter = self._fair_waiter(spec) if spec.fair else self._early_waiter(key, spec)
+        waiter = self._own_waiter(spec) if spec.kind in _OWN_PLACE else self._early_waiter(key, spec)
         sent = self._clock()
         try:
-            result = self._try(key, token, plan.lease_time, spec, waiter)
+            result = self._try(key, token, plan.lease_time, spec, waiter, below=below)
         except BaseException:
             if waiter is not None:
                 self._leave_queue(key, waiter, spec)
             raise
         if not result.acquired:
-            result, sent = self._wait(key, token, plan.lease_time, spec, sent, result, waiter)
+            result, sent = self._wait(key, token, plan.lease_time, spec, sent, result, waiter, below)
         if self._too_few_replicas(result):
             self._discard(key, token, spec)
             raise self._not_replicated(key, result)
@@ -751,12 +817,27 @@ class LockClient:
         """Take ``waiter`` off ``key``'s queue when its wait ends before the wait loop (which
         does this itself): a fair waiter's own place always, the process's place only when
         no other waiter of this process for ``key`` is left to use it."""
-        if not spec.fair and _slot_key(key, spec) in self._slots:
+        if spec.kind not in _OWN_PLACE and _slot_key(key, spec) in self._slots:
             return
         try:
-            self.backend.unqueue(key, waiter, spec.fair, spec.permits is not None)
+            self.backend.unqueue(key, waiter, spec.kind)
         except BackendError:
             pass
+
+    def _below(self, key: str, spec: LockSpec) -> str:
+        """For a read-write lock: the token of the write lock this context holds when it asks
+        to read (a downgrade), else "". Asking to write while holding the read lock would
+        wait for itself: refused."""
+        if spec.kind == "read":
+            writer = _find_held(self, key, "write") if key in self._held_keys else None
+            return "" if writer is None else writer.token
+        if spec.kind == "write" and key in self._held_keys and _find_held(self, key, "read") is not None:
+            raise ConfigurationError(
+                f"this context holds the read lock of {key!r}: asking for its write lock would wait for "
+                "itself forever (release the read lock first, or take the write lock first and then read)",
+                key=key,
+            )
+        return ""
 
     @staticmethod
     def _check_permits(key: str, spec: LockSpec, result: AcquireResult) -> None:
@@ -785,9 +866,10 @@ class LockClient:
             wanted=wanted,
         )
 
-    def _fair_waiter(self, spec: LockSpec) -> str | None:
-        """A fair waiter's own id (its place in the queue), or ``None`` for a try-once call.
-        Ids of waiters that will not listen for wake-ups start with "p" (see release.lua)."""
+    def _own_waiter(self, spec: LockSpec) -> str | None:
+        """The id of a waiter with a place of its own (fair lock, read-write lock), or
+        ``None`` for a try-once call. Ids of waiters that will not listen for wake-ups start
+        with "p" (see release.lua)."""
         if spec.wait == 0:
             return None
         listens = self._notify and spec.wait_strategy == "notify"
@@ -806,13 +888,13 @@ class LockClient:
 
     # -- steps shared by the sync and async engines (no I/O) ------------------------------
 
-    def _held_here(self, key: str, permits: int | None = None) -> Lease | None:
+    def _held_here(self, key: str, kind: str = "lock") -> Lease | None:
         """The lease this context holds on ``key`` (a re-entry), checking the client is open."""
         if self._closed:
             raise ConfigurationError("this LockClient is closed", key=key)
         # Walk this context's held leases only if this client holds the key at all, so
         # taking many distinct locks in one context stays O(1) per lock.
-        return _find_held(self, key, permits) if key in self._held_keys else None
+        return _find_held(self, key, kind) if key in self._held_keys else None
 
     def _plan(self, spec: LockSpec) -> _Plan:
         watchdog = spec.lease is None
@@ -843,7 +925,7 @@ class LockClient:
             max_hold=spec.max_hold,
             on_lost=spec.on_lost,
             renewer=renewer,
-            fair=spec.fair,
+            kind=spec.kind,
             permits=spec.permits,
         )
         if plan.watchdog:
@@ -902,32 +984,28 @@ class LockClient:
             release_log.warning("%r is still held by this owner after its last release", lease.key)
 
     def _try(
-        self, key: str, token: str, lease_time: float, spec: LockSpec, waiter: str | None = None, front: bool = False
+        self,
+        key: str,
+        token: str,
+        lease_time: float,
+        spec: LockSpec,
+        waiter: str | None = None,
+        front: bool = False,
+        below: str = "",
     ) -> AcquireResult:
         try:
-            if spec.permits is not None:
-                result = self.backend.sem_acquire(key, token, lease_time, spec.permits, waiter, front)
-                self._check_permits(key, spec, result)
-                return result
-            if spec.fair:
-                return self.backend.acquire(key, token, lease_time, waiter, False, True)
-            if waiter is None:
-                return self.backend.acquire(key, token, lease_time)
-            return self.backend.acquire(key, token, lease_time, waiter, front)
-        except ConfigurationError:
-            raise
+            result: AcquireResult = _acquire_call(self.backend, key, token, lease_time, spec, waiter, front, below)
         except BaseException:
             # The request may have reached the store before the failure (a timeout, an
             # interrupt): make sure it leaves no lock behind.
             self._discard(key, token, spec)
             raise
+        self._check_permits(key, spec, result)
+        return result
 
     def _discard(self, key: str, token: str, spec: LockSpec) -> None:
         try:
-            if spec.permits is not None:
-                self.backend.sem_release(key, token)
-            else:
-                self.backend.release(key, token, spec.fair)
+            _release_call(self.backend, key, token, spec.kind)
         except BackendError:
             pass
 
@@ -940,11 +1018,13 @@ class LockClient:
         start: float,
         result: AcquireResult,
         waiter: str | None = None,
+        below: str = "",
     ) -> tuple[AcquireResult, float]:
         """Wait for a busy lock: queue behind this process's other waiters for ``key``, then
         retry on each release message (or by bounded polling) until the deadline. ``waiter``:
-        the id under which the failed attempt queued (the process's, or a fair waiter's own:
-        fair waiters keep their own places and do not coalesce)."""
+        the id under which the failed attempt queued (the process's, or the waiter's own for
+        kinds whose waiters keep their own places and do not coalesce); ``below``: see
+        :meth:`_below`."""
         deadline = _policy.wait_deadline(start, spec.wait)
         if deadline is not None and self._clock() >= deadline:
             if waiter is not None:
@@ -954,8 +1034,8 @@ class LockClient:
             ends = "with no expiry" if result.holder_ttl is None else f"in {result.holder_ttl:.3f}s"
             limit = "forever" if spec.wait is None else f"up to {spec.wait:g}s"
             log.debug("%r is busy (the holder's lease ends %s); waiting %s", key, ends, limit)
-        if spec.fair:
-            return self._wait_turn(key, token, lease_time, spec, start, deadline, result, None, waiter)
+        if spec.kind in _OWN_PLACE:
+            return self._wait_turn(key, token, lease_time, spec, start, deadline, result, None, waiter, below)
         queued = waiter is not None
         slot_key = _slot_key(key, spec)
         slot = self._join_slot(slot_key)
@@ -996,19 +1076,20 @@ class LockClient:
         result: AcquireResult,
         slot: _Slot | None,
         queued: str | None,
+        below: str = "",
     ) -> tuple[AcquireResult, float]:
         """Retry until acquired or the deadline. ``slot``: this process's turn for ``key``
-        (``None`` for a fair waiter, which waits on its own); ``queued``: the id under which
-        the failed attempt queued, if it did."""
+        (``None`` for a waiter with a place of its own); ``queued``: the id under which the
+        failed attempt queued, if it did."""
         clock = self._clock
-        fair = spec.fair
+        own = spec.kind in _OWN_PLACE
         notifier = self.backend.notifier() if self._notify and spec.wait_strategy == "notify" else None
         subscription: Subscription | None = None
-        # Our id in the lock's waiter queue: a fair waiter's own from the start, the
+        # Our id in the lock's waiter queue: a place of our own from the start, or the
         # process's once subscribed.
-        waiter: str | None = queued if fair else None
+        waiter: str | None = queued if own else None
         woken = False
-        listens = fair and waiter is not None and waiter.startswith("n")
+        listens = own and waiter is not None and waiter.startswith("n")
         attempt = 0
         tries = 1
         try:
@@ -1021,7 +1102,7 @@ class LockClient:
                 if notifier is not None and subscription is None:
                     remaining = SUBSCRIBE_TIMEOUT if deadline is None else min(SUBSCRIBE_TIMEOUT, deadline - now)
                     subscription = notifier.subscribe(key, remaining, waiter)
-                    if subscription.active and not fair:
+                    if subscription.active and not own:
                         waiter = notifier.waiter_id
                         if queued is not None:
                             continue  # queued by the failed attempt: wait for the wake-up
@@ -1044,7 +1125,7 @@ class LockClient:
                     attempt += 1
                 sent = clock()
                 # Woken for this release but beaten to it: keep the head of the queue.
-                result = self._try(key, token, lease_time, spec, waiter, woken and not fair)
+                result = self._try(key, token, lease_time, spec, waiter, woken and not own, below)
                 tries += 1
                 if result.acquired:
                     waiter = None  # the acquire script took us off the queue
@@ -1056,7 +1137,7 @@ class LockClient:
                 # Gave up with no other waiter of ours to take over: leave the queue, so a
                 # release wakes someone still waiting.
                 try:
-                    self.backend.unqueue(key, waiter, fair, spec.permits is not None)
+                    self.backend.unqueue(key, waiter, spec.kind)
                 except BackendError:
                     pass
 
@@ -1096,10 +1177,7 @@ class LockClient:
                 reason=lease.lost_reason or "expired",
                 lease=lease,
             )
-        if lease.permits is not None:
-            result = self.backend.sem_reenter(lease.key, lease.token)
-        else:
-            result = self.backend.reenter(lease.key, lease.token)
+        result: AcquireResult = _reenter_call(self.backend, lease.key, lease.token, lease.kind)
         if not result.acquired:
             self._lost_here(lease, "not-owner")
             raise LockLost(
@@ -1128,14 +1206,11 @@ class LockClient:
             # runs on its event loop. renew.lua extends only a key its token still owns, so a
             # renewal that lands after this release changes nothing.
             batch.done.wait()
-        if not self._release_ready(lease, last) or (lease.permits is not None and not last):
-            return  # a semaphore's re-entry holds are counted here, not in the store
+        if not self._release_ready(lease, last) or (lease.kind in _LOCAL_HOLDS and not last):
+            return  # such kinds count re-entry holds here, not in the store
         code: ReleaseResult | BackendError
         try:
-            if lease.permits is not None:
-                code = self.backend.sem_release(lease.key, lease.token)
-            else:
-                code = self.backend.release(lease.key, lease.token, lease.fair)
+            code = _release_call(self.backend, lease.key, lease.token, lease.kind)
         except BackendError as exc:
             code = exc
         self._release_done(lease, last, code)
@@ -1271,22 +1346,23 @@ class LockClient:
                 self._last_state = None
 
     async def _aacquire(self, key: str, spec: LockSpec) -> Lease:
-        held = self._held_here(key, spec.permits)
+        held = self._held_here(key, spec.kind)
         state = self._loop_state()
         if held is not None:
             return await self._areenter(held, state)
+        below = self._below(key, spec)
         plan = self._plan(spec)
         token = _token()
-        waiter = self._fair_waiter(spec) if spec.fair else self._early_async_waiter(state, key, spec)
+        waiter = self._own_waiter(spec) if spec.kind in _OWN_PLACE else self._early_async_waiter(state, key, spec)
         sent = self._clock()
         try:
-            result = await self._atry(state, key, token, plan.lease_time, spec, waiter)
+            result = await self._atry(state, key, token, plan.lease_time, spec, waiter, below=below)
         except BaseException:
             if waiter is not None:
                 await self._aleave_queue(state, key, waiter, spec, _slot_key(key, spec) in state.slots)
             raise
         if not result.acquired:
-            result, sent = await self._await(state, key, token, plan.lease_time, spec, sent, result, waiter)
+            result, sent = await self._await(state, key, token, plan.lease_time, spec, sent, result, waiter, below)
         if self._too_few_replicas(result):
             await self._adiscard(state, key, token, spec)
             raise self._not_replicated(key, result)
@@ -1299,12 +1375,12 @@ class LockClient:
     async def _aleave_queue(self, state: _LoopState, key: str, waiter: str, spec: LockSpec, others: bool) -> None:
         """:meth:`_leave_queue` for a task (shielded: it may run while the task is cancelled);
         ``others``: other waiters of this loop still use the loop's place."""
-        if not spec.fair and others:
+        if spec.kind not in _OWN_PLACE and others:
             return
 
         async def unqueue() -> None:
             try:
-                await state.backend.unqueue(key, waiter, spec.fair, spec.permits is not None)
+                await state.backend.unqueue(key, waiter, spec.kind)
             except BackendError:
                 pass
 
@@ -1330,18 +1406,12 @@ class LockClient:
         spec: LockSpec,
         waiter: str | None = None,
         front: bool = False,
+        below: str = "",
     ) -> AcquireResult:
         try:
-            if spec.permits is not None:
-                result: AcquireResult = await state.backend.sem_acquire(
-                    key, token, lease_time, spec.permits, waiter, front
-                )
-            elif spec.fair:
-                result = await state.backend.acquire(key, token, lease_time, waiter, False, True)
-            elif waiter is None:
-                result = await state.backend.acquire(key, token, lease_time)
-            else:
-                result = await state.backend.acquire(key, token, lease_time, waiter, front)
+            result: AcquireResult = await _acquire_call(
+                state.backend, key, token, lease_time, spec, waiter, front, below
+            )
         except BaseException:
             # Cancelled or failed after the request may have reached the store: release the
             # token before giving up (a release with a token that holds nothing is a no-op).
@@ -1353,10 +1423,7 @@ class LockClient:
     async def _adiscard(self, state: _LoopState, key: str, token: str, spec: LockSpec) -> None:
         async def discard() -> None:
             try:
-                if spec.permits is not None:
-                    await state.backend.sem_release(key, token)
-                else:
-                    await state.backend.release(key, token, spec.fair)
+                await _release_call(state.backend, key, token, spec.kind)
             except BackendError:
                 pass
 
@@ -1372,6 +1439,7 @@ class LockClient:
         start: float,
         result: AcquireResult,
         waiter: str | None = None,
+        below: str = "",
     ) -> tuple[AcquireResult, float]:
         """:meth:`_wait` for a task: queue behind this loop's other waiters for ``key``."""
         _raise_if_cancel_lost()
@@ -1380,8 +1448,10 @@ class LockClient:
             if waiter is not None:
                 await self._aleave_queue(state, key, waiter, spec, _slot_key(key, spec) in state.slots)
             raise self._not_acquired(key, spec, start, result, 1)
-        if spec.fair:
-            return await self._await_turn(state, key, token, lease_time, spec, start, deadline, result, None, waiter)
+        if spec.kind in _OWN_PLACE:
+            return await self._await_turn(
+                state, key, token, lease_time, spec, start, deadline, result, None, waiter, below
+            )
         queued = waiter is not None
         slot_key = _slot_key(key, spec)
         slot = state.join_slot(slot_key)
@@ -1427,15 +1497,16 @@ class LockClient:
         result: AcquireResult,
         slot: _AsyncSlot | None,
         queued: str | None,
+        below: str = "",
     ) -> tuple[AcquireResult, float]:
         """:meth:`_wait_turn` for a task."""
         clock = self._clock
-        fair = spec.fair
+        own = spec.kind in _OWN_PLACE
         notifier = state.backend.notifier() if self._notify and spec.wait_strategy == "notify" else None
         subscription: Any = None
-        waiter: str | None = queued if fair else None
+        waiter: str | None = queued if own else None
         woken = False
-        listens = fair and waiter is not None and waiter.startswith("n")
+        listens = own and waiter is not None and waiter.startswith("n")
         attempt = 0
         tries = 1
         try:
@@ -1449,7 +1520,7 @@ class LockClient:
                 if notifier is not None and subscription is None:
                     remaining = SUBSCRIBE_TIMEOUT if deadline is None else min(SUBSCRIBE_TIMEOUT, deadline - now)
                     subscription = await notifier.subscribe(key, remaining, waiter)
-                    if subscription.active and not fair:
+                    if subscription.active and not own:
                         waiter = notifier.waiter_id
                         if queued is not None:
                             continue  # queued by the failed attempt: wait for the wake-up
@@ -1472,7 +1543,7 @@ class LockClient:
                     attempt += 1
                 sent = clock()
                 # Woken for this release but beaten to it: keep the head of the queue.
-                result = await self._atry(state, key, token, lease_time, spec, waiter, woken and not fair)
+                result = await self._atry(state, key, token, lease_time, spec, waiter, woken and not own, below)
                 tries += 1
                 if result.acquired:
                     waiter = None  # the acquire script took us off the queue
@@ -1485,7 +1556,7 @@ class LockClient:
                 # this may run while the waiter is being cancelled).
                 async def unqueue() -> None:
                     try:
-                        await state.backend.unqueue(key, waiter, fair, spec.permits is not None)
+                        await state.backend.unqueue(key, waiter, spec.kind)
                     except BackendError:
                         pass
 
@@ -1503,17 +1574,13 @@ class LockClient:
         # Shielded, and awaited to the end even when the caller is cancelled: a re-entry that
         # ran in the store added a hold that must be given back, and only its answer tells.
         backend = state.backend
-        attempt = state.spawn(
-            backend.sem_reenter(lease.key, lease.token)
-            if lease.permits is not None
-            else backend.reenter(lease.key, lease.token)
-        )
+        attempt = state.spawn(_reenter_call(backend, lease.key, lease.token, lease.kind))
         try:
             result = await asyncio.shield(attempt)
         except asyncio.CancelledError:
             with contextlib.suppress(BaseException):
                 result = await attempt
-                if result.acquired and lease.permits is None:  # a semaphore re-entry adds nothing in the store
+                if result.acquired and lease.kind not in _LOCAL_HOLDS:  # only a lock's re-entry adds a hold
                     await _shielded(state, state.backend.release(lease.key, lease.token, lease.fair))
             raise
         if not result.acquired:
@@ -1538,14 +1605,11 @@ class LockClient:
         if batch is not None and lease._renewer is not None and lease._renewer.loop is state.loop:
             # Only this loop's renewal round trip can be awaited (see _release).
             await batch.done.wait()
-        if not self._release_ready(lease, last) or (lease.permits is not None and not last):
+        if not self._release_ready(lease, last) or (lease.kind in _LOCAL_HOLDS and not last):
             return
         code: ReleaseResult | BackendError
         try:
-            if lease.permits is not None:
-                code = await state.backend.sem_release(lease.key, lease.token)
-            else:
-                code = await state.backend.release(lease.key, lease.token, lease.fair)
+            code = await _release_call(state.backend, lease.key, lease.token, lease.kind)
         except BackendError as exc:
             code = exc
         self._release_done(lease, last, code)

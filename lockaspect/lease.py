@@ -62,7 +62,8 @@ class Lease:
         acquired_at: Wall-clock time of the acquisition (``time.time()``).
         lease_time: Seconds of lease asked for at each (re)newal.
         watchdog: ``True`` when the watchdog renews the lease until the call completes.
-        fair: ``True`` for a fair lock (its release wakes the fair queue's first waiter).
+        kind: ``"lock"``, ``"fair"`` (a fair lock), ``"semaphore"`` (a semaphore permit),
+            ``"read"`` or ``"write"`` (a read-write lock's read or write hold).
         permits: For a semaphore permit, the semaphore's number of permits; ``None`` for a
             lock.
     """
@@ -85,9 +86,9 @@ class Lease:
         "_timeout",
         "_wd_state",
         "acquired_at",
-        "fair",
         "fencing_token",
         "key",
+        "kind",
         "lease_time",
         "permits",
         "token",
@@ -108,11 +109,11 @@ class Lease:
         max_hold: float | None,
         on_lost: Callable[[Lease], object] | None,
         renewer: Any = None,
-        fair: bool = False,
+        kind: str = "lock",
         permits: int | None = None,
     ) -> None:
         self.key = key
-        self.fair = fair
+        self.kind = kind
         self.permits = permits
         self.token = token
         self.fencing_token = fencing_token
@@ -140,6 +141,11 @@ class Lease:
         self._deadline: Timeout | None = None
         self._batch: Any = None
         self._attempt = 0
+
+    @property
+    def fair(self) -> bool:
+        """``True`` for a fair lock (its release wakes the fair queue's first waiter)."""
+        return self.kind == "fair"
 
     @property
     def lost(self) -> bool:
@@ -255,16 +261,22 @@ def _push(lease: Lease) -> Token[_Held | None]:
     return _HELD.set(_Held(lease, _HELD.get()))
 
 
-def _find_held(client: Any, key: str, permits: int | None = None) -> Lease | None:
-    """The innermost lease this context holds on ``key`` through ``client``: a lock's, or
-    with ``permits`` a semaphore permit's of that many permits."""
+def _family(kind: str) -> str:
+    """Kinds that share one store entry re-enter each other: the lock and the fair lock."""
+    return "lock" if kind == "fair" else kind
+
+
+def _find_held(client: Any, key: str, kind: str = "lock") -> Lease | None:
+    """The innermost lease of ``kind`` (or of its family, see :func:`_family`) this context
+    holds on ``key`` through ``client``."""
+    family = _family(kind)
     held = _HELD.get()
     while held is not None:
         lease = held.lease
         if (
             lease._client is client
             and lease.key == key
-            and lease.permits == permits
+            and _family(lease.kind) == family
             and lease._holds > 0
             and lease._epoch == client._epoch
         ):

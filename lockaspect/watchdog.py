@@ -256,10 +256,10 @@ class Watchdog:
         requests: list[RenewItem] = []
         for lease in leases:
             renewal = _policy.renewal_lease(sent, lease.lease_time, lease._hold_deadline)
-            if lease.permits is None:
+            if lease.kind in ("lock", "fair"):
                 requests.append((lease.key, lease.token, renewal))
             else:
-                requests.append((lease.key, lease.token, renewal, True))
+                requests.append((lease.key, lease.token, renewal, lease.kind))
         return sent, requests
 
     def _outcome(self, count: int, error: BackendError | None) -> None:

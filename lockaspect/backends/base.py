@@ -22,9 +22,10 @@ __all__ = [
 ]
 
 
-#: What the watchdog asks a backend to renew: ``(key, token, lease seconds)`` for a lock,
-#: ``(key, token, lease seconds, True)`` for a semaphore permit.
-RenewItem = tuple[str, str, float] | tuple[str, str, float, bool]
+#: What the watchdog asks a backend to renew: ``(key, token, lease seconds)`` for a lock or a
+#: fair lock, ``(key, token, lease seconds, kind)`` for the other kinds: ``"semaphore"`` (a
+#: permit), ``"read"`` or ``"write"`` (a read-write lock's hold).
+RenewItem = tuple[str, str, float] | tuple[str, str, float, str]
 
 
 class Capability(enum.Flag):
@@ -135,7 +136,7 @@ class Backend(Protocol):
         """
         ...
 
-    def unqueue(self, key: str, waiter: str, fair: bool = False, semaphore: bool = False) -> None:
+    def unqueue(self, key: str, waiter: str, kind: str = "lock") -> None:
         """Take ``waiter`` off ``key``'s queue: it stopped waiting."""
         ...
 
@@ -161,6 +162,24 @@ class Backend(Protocol):
         """``(permits, in use)``, after setting the permits to ``permits`` if given."""
         ...
 
+    def rw_acquire(
+        self, key: str, token: str, lease: float, mode: str, waiter: str | None = None, below: str = ""
+    ) -> AcquireResult:
+        """Take read-write lock ``key`` for ``mode`` (``"read"``: shared, ``"write"``:
+        exclusive) for ``lease`` seconds. ``below``: the token of the write lock the caller
+        holds (a reader may downgrade). A waiting writer (one with ``waiter``) keeps new
+        readers out. Waiters queue for a wake-up."""
+        ...
+
+    def rw_release(self, key: str, token: str, mode: str) -> ReleaseResult:
+        """Give back a ``mode`` hold (``RELEASED``, waking waiters when the lock may be free
+        for them) or ``NOT_OWNER``."""
+        ...
+
+    def rw_held(self, key: str, token: str, mode: str) -> AcquireResult:
+        """Whether ``token`` still holds ``key`` in ``mode`` (re-entry)."""
+        ...
+
     def reenter(self, key: str, token: str) -> AcquireResult:
         """Add a hold for ``token`` if it still owns ``key``; ``acquired=False`` if not.
         Never takes a free lock and never changes the lease."""
@@ -172,9 +191,8 @@ class Backend(Protocol):
         ...
 
     def renew(self, leases: Sequence[RenewItem]) -> list[bool]:
-        """Extend many ``(key, token, lease)`` in one round trip (``(key, token, lease,
-        True)`` for a semaphore permit); one bool per item: ``True`` renewed, ``False`` not
-        ours any more."""
+        """Extend many :data:`RenewItem` in one round trip; one bool per item: ``True``
+        renewed, ``False`` not ours any more."""
         ...
 
     def notifier(self) -> Notifier | None:

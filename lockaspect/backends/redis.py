@@ -296,6 +296,9 @@ class _RedisLocks:
         self._sem_renew = LuaScript("sem_renew.lua")
         self._sem_reenter = LuaScript("sem_reenter.lua")
         self._sem_set = LuaScript("sem_set.lua")
+        self._rw_acquire = LuaScript("rw_acquire.lua")
+        self._rw_release = LuaScript("rw_release.lua")
+        self._rw_held = LuaScript("rw_held.lua")
 
     def lock_key(self, key: str) -> str:
         return f"{self.namespace}{{{key}}}"
@@ -393,14 +396,41 @@ class _RedisLocks:
         return (lock, lock + b":waiters"), (token.encode(),)
 
     @staticmethod
-    def _unqueue_request(
-        lock: bytes, waiter: str, fair: bool, semaphore: bool = False
+    def _unqueue_request(lock: bytes, waiter: str, kind: str) -> tuple[tuple[bytes, ...], tuple[bytes, ...]]:
+        if kind == "semaphore":
+            return (lock + b":sem:waiters",), (waiter.encode(),)
+        if kind in ("read", "write"):
+            return (lock + b":rw:waiters", lock + b":rw:wq"), (waiter.encode(), b"zset")
+        if kind == "fair":
+            return (lock + b":fair", lock + b":fair:seen"), (waiter.encode(), b"hash")
+        return (lock + b":waiters",), (waiter.encode(),)
+
+    # -- read-write locks: requests (no I/O) --
+
+    def rw_keys(self, key: str) -> dict[str, str]:
+        """The store keys of read-write lock ``key``, by role (see rw_acquire.lua)."""
+        base = f"{self.namespace}{{{key}}}:rw"
+        return {
+            "writer": base + ":w",
+            "readers": base + ":r",
+            "fences": base + ":fences",
+            "waiting writers": base + ":wq",
+            "waiters": base + ":waiters",
+        }
+
+    def _rw_acquire_request(
+        self, key: str, token: str, lease: float, mode: str, waiter: str | None, below: str
     ) -> tuple[tuple[bytes, ...], tuple[bytes, ...]]:
-        if semaphore:
-            keys: tuple[bytes, ...] = (lock + b":sem:waiters",)
-        else:
-            keys = (lock + b":fair", lock + b":fair:seen") if fair else (lock + b":waiters",)
-        return keys, (waiter.encode(),)
+        lock = self._lock(key)
+        rw = lock + b":rw"
+        keys = (rw + b":w", rw + b":r", rw + b":fences", rw + b":wq", rw + b":waiters", lock + b":fence")
+        args = (token.encode(), b"%d" % _ms(lease), mode.encode(), (waiter or "").encode(), _FAIR_GONE_MS)
+        return keys, (*args, below.encode())
+
+    def _rw_release_request(self, key: str, token: str, mode: str) -> tuple[tuple[bytes, ...], tuple[bytes, ...]]:
+        lock = self._lock(key)
+        rw = lock + b":rw"
+        return (rw + b":w", rw + b":r", rw + b":fences", rw + b":waiters"), (token.encode(), mode.encode(), lock)
 
     @staticmethod
     def _acquired(reply: int) -> AcquireResult:
@@ -418,28 +448,33 @@ class _RedisLocks:
         element ``True``) with sem_renew.lua. The order in which the answers come back, as
         indexes into ``leases`` (see :meth:`_renewed`)."""
         namespace = self.namespace
-        locks = [i for i, item in enumerate(leases) if len(item) < 4 or not item[3]]
-        permits = [i for i, item in enumerate(leases) if len(item) >= 4 and item[3]]
-        for start in range(0, len(locks), RENEW_CHUNK):
+        # renew.lua extends a hash its token is in: a lock (or fair lock), a writer;
+        # sem_renew.lua a sorted-set member: a semaphore permit, a reader.
+        items: Sequence[tuple[Any, ...]] = leases
+        kinds = [str(item[3]) if len(item) > 3 else "lock" for item in items]
+        hashes = [i for i, kind in enumerate(kinds) if kind in ("lock", "write")]
+        members = [i for i, kind in enumerate(kinds) if kind in ("semaphore", "read")]
+        for start in range(0, len(hashes), RENEW_CHUNK):
             keys: list[str] = []
             args: list[object] = []
-            for i in locks[start : start + RENEW_CHUNK]:
-                key, token, lease = leases[i][:3]
-                keys.append(f"{namespace}{{{key}}}")
+            for i in hashes[start : start + RENEW_CHUNK]:
+                key, token, lease = items[i][:3]
+                keys.append(f"{namespace}{{{key}}}" + (":rw:w" if kinds[i] == "write" else ""))
                 args.append(token)
                 args.append(_ms(lease))
             pipe.execute_command("EVALSHA", self._renew.sha, len(keys), *keys, *args)
-        for start in range(0, len(permits), RENEW_CHUNK):
+        for start in range(0, len(members), RENEW_CHUNK):
             keys = []
             args = []
-            for i in permits[start : start + RENEW_CHUNK]:
-                key, token, lease = leases[i][:3]
-                keys.append(f"{namespace}{{{key}}}:sem")
-                keys.append(f"{namespace}{{{key}}}:sem:fences")
+            for i in members[start : start + RENEW_CHUNK]:
+                key, token, lease = items[i][:3]
+                base = f"{namespace}{{{key}}}" + (":sem" if kinds[i] == "semaphore" else ":rw")
+                keys.append(base if kinds[i] == "semaphore" else base + ":r")
+                keys.append(base + ":fences")
                 args.append(token)
                 args.append(_ms(lease))
             pipe.execute_command("EVALSHA", self._sem_renew.sha, len(keys), *keys, *args)
-        return locks + permits
+        return hashes + members
 
     @staticmethod
     def _renewed(replies: list[Any], order: list[int]) -> list[bool]:
@@ -520,9 +555,9 @@ class RedisBackend(_RedisLocks):
             raise map_redis_error(exc, key, "acquire") from exc
         return self._acquired(reply)
 
-    def unqueue(self, key: str, waiter: str, fair: bool = False, semaphore: bool = False) -> None:
+    def unqueue(self, key: str, waiter: str, kind: str = "lock") -> None:
         """Take ``waiter`` off ``key``'s waiter queue (it stopped waiting)."""
-        keys, args = self._unqueue_request(self._lock(key), waiter, fair, semaphore)
+        keys, args = self._unqueue_request(self._lock(key), waiter, kind)
         try:
             self._unqueue.run(self._wire, self.redis, keys, args)
         except RedisError as exc:
@@ -561,6 +596,31 @@ class RedisBackend(_RedisLocks):
             return self._sem_state(self._sem_set.run(self._wire, self.redis, keys, args))
         except RedisError as exc:
             raise map_redis_error(exc, key, "set_permits" if permits is not None else "permits") from exc
+
+    def rw_acquire(
+        self, key: str, token: str, lease: float, mode: str, waiter: str | None = None, below: str = ""
+    ) -> AcquireResult:
+        keys, args = self._rw_acquire_request(key, token, lease, mode, waiter, below)
+        try:
+            return self._sem_acquired(self._rw_acquire.run(self._wire, self.redis, keys, args))
+        except RedisError as exc:
+            raise map_redis_error(exc, key, "acquire") from exc
+
+    def rw_release(self, key: str, token: str, mode: str) -> ReleaseResult:
+        keys, args = self._rw_release_request(key, token, mode)
+        try:
+            code = self._rw_release.run(self._wire, self.redis, keys, args)
+        except RedisError as exc:
+            raise map_redis_error(exc, key, "release") from exc
+        return _RELEASE_CODES[code]
+
+    def rw_held(self, key: str, token: str, mode: str) -> AcquireResult:
+        keys, args = self._rw_release_request(key, token, mode)
+        try:
+            held = self._rw_held.run(self._wire, self.redis, keys[:2], args[:2])
+        except RedisError as exc:
+            raise map_redis_error(exc, key, "re-enter") from exc
+        return AcquireResult(bool(held), 0, 2 if held else 0)
 
     def reenter(self, key: str, token: str) -> AcquireResult:
         try:
@@ -988,8 +1048,8 @@ class AsyncRedisBackend(_RedisLocks):
             raise map_redis_error(exc, key, "acquire") from exc
         return self._acquired(reply)
 
-    async def unqueue(self, key: str, waiter: str, fair: bool = False, semaphore: bool = False) -> None:
-        keys, args = self._unqueue_request(self._lock(key), waiter, fair, semaphore)
+    async def unqueue(self, key: str, waiter: str, kind: str = "lock") -> None:
+        keys, args = self._unqueue_request(self._lock(key), waiter, kind)
         try:
             await _run_async(self._unqueue, self._wire, self.redis, keys, args)
         except RedisError as exc:
@@ -1026,6 +1086,31 @@ class AsyncRedisBackend(_RedisLocks):
             return self._sem_state(await _run_async(self._sem_set, self._wire, self.redis, keys, args))
         except RedisError as exc:
             raise map_redis_error(exc, key, "set_permits" if permits is not None else "permits") from exc
+
+    async def rw_acquire(
+        self, key: str, token: str, lease: float, mode: str, waiter: str | None = None, below: str = ""
+    ) -> AcquireResult:
+        keys, args = self._rw_acquire_request(key, token, lease, mode, waiter, below)
+        try:
+            return self._sem_acquired(await _run_async(self._rw_acquire, self._wire, self.redis, keys, args))
+        except RedisError as exc:
+            raise map_redis_error(exc, key, "acquire") from exc
+
+    async def rw_release(self, key: str, token: str, mode: str) -> ReleaseResult:
+        keys, args = self._rw_release_request(key, token, mode)
+        try:
+            code = await _run_async(self._rw_release, self._wire, self.redis, keys, args)
+        except RedisError as exc:
+            raise map_redis_error(exc, key, "release") from exc
+        return _RELEASE_CODES[code]
+
+    async def rw_held(self, key: str, token: str, mode: str) -> AcquireResult:
+        keys, args = self._rw_release_request(key, token, mode)
+        try:
+            held = await _run_async(self._rw_held, self._wire, self.redis, keys[:2], args[:2])
+        except RedisError as exc:
+            raise map_redis_error(exc, key, "re-enter") from exc
+        return AcquireResult(bool(held), 0, 2 if held else 0)
 
     async def reenter(self, key: str, token: str) -> AcquireResult:
         try:
