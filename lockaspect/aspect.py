@@ -34,7 +34,7 @@ class _Unset:
         return "<default>"
 
 
-_SPEC_OPTIONS = ("lease", "wait", "max_hold", "on_lost", "delay_weight", "wait_strategy", "fair", "permits")
+_SPEC_OPTIONS = ("lease", "wait", "max_hold", "on_lost", "delay_weight", "wait_strategy", "fair", "permits", "mode")
 
 #: Marks an option the caller did not pass, so a named policy can supply it.
 _UNSET: Any = _Unset()
@@ -50,6 +50,7 @@ _DEFAULTS: dict[str, Any] = {
     "wait_strategy": "notify",
     "fair": False,
     "permits": None,
+    "mode": None,
 }
 
 
@@ -146,6 +147,7 @@ class _LockAspect:
             wait_strategy=options["wait_strategy"],
             fair=options["fair"],
             permits=options["permits"],
+            mode=options["mode"],
         )
         on_failure = options["on_failure"]
         if on_failure is not None and not callable(on_failure):
@@ -237,6 +239,7 @@ def distributed_lock(
     max_hold: float | None = _UNSET,
     wait_strategy: str = _UNSET,
     fair: bool = _UNSET,
+    mode: str | None = _UNSET,
 ) -> Callable[[F], F]:
     """Run the decorated function under a distributed lock named by ``key``.
 
@@ -277,6 +280,9 @@ def distributed_lock(
         fair: ``True`` for a fair lock: callers get it in the order they asked, across
             processes (see :meth:`LockClient.fair_lock
             <lockaspect.LockClient.fair_lock>`). Default ``False``.
+        mode: ``"read"`` or ``"write"`` for a read-write lock on ``key``: many readers or
+            one writer (see :meth:`LockClient.rw_lock <lockaspect.LockClient.rw_lock>`).
+            Default ``None``: a plain lock.
 
     Raises:
         KeyTemplateError: At decoration, for a malformed template or a name the function
@@ -310,6 +316,7 @@ def distributed_lock(
         max_hold=max_hold,
         wait_strategy=wait_strategy,
         fair=fair,
+        mode=mode,
     )
 
 

@@ -26,7 +26,19 @@ ENV_URL = "LOCKASPECT_URL"
 
 #: Options a named policy may set (the decorator's, minus ``client`` and ``policy``).
 POLICY_FIELDS = frozenset(
-    {"key", "lease", "delay_weight", "wait", "max_hold", "on_failure", "on_lost", "executor", "wait_strategy", "fair"}
+    {
+        "key",
+        "lease",
+        "delay_weight",
+        "wait",
+        "max_hold",
+        "on_failure",
+        "on_lost",
+        "executor",
+        "wait_strategy",
+        "fair",
+        "mode",
+    }
 )
 
 _lock = threading.Lock()
@@ -194,8 +206,8 @@ def _check_options(name: str, options: dict[str, Any], source: str) -> dict[str,
             check_executor(options["executor"])
         if "wait_strategy" in options:
             LockSpec.create(wait_strategy=options["wait_strategy"])
-        if "fair" in options:
-            LockSpec.create(fair=options["fair"])
+        if "fair" in options or "mode" in options:
+            LockSpec.create(fair=options.get("fair", False), mode=options.get("mode"))
     except (ConfigurationError, KeyTemplateError, TypeError) as exc:
         raise ConfigurationError(f"{where}: {exc}") from exc
     return options
