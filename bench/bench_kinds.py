@@ -1,14 +1,22 @@
-"""Uncontended lock/unlock cycles per lock kind, relative to the core mutex in the same run
-(issue 4, item 8). Kinds so far: the fair lock and the semaphore. Contention figures for the fair lock come
-from ``bench_async.py --libraries la-sync,la-fair,prl``.
+"""Lock kinds side by side (issue 4, item 8), one run:
 
-    python bench/bench_kinds.py [--cycles 5000] [--rounds 5] [--url redis://...]
+1. uncontended lock/unlock cycles per kind, relative to the core mutex in the same run;
+2. a read-heavy workload (95% reads, 5% writes, 1 ms sections) from P processes on one key:
+   the read-write lock against the mutex taking every section exclusively (what a user
+   without a read-write lock would do). Fair-lock contention figures come from
+   ``bench_async.py --libraries la-sync,la-fair,prl``.
+
+    python bench/bench_kinds.py [--cycles 5000] [--rounds 5] [--procs 4] [--seconds 3] [--url redis://...]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import random
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -17,6 +25,8 @@ from typing import Any
 from lockaspect import LockClient
 
 WARMUP = 500
+SECTION = 0.001  # seconds inside each contended section
+READS = 0.95
 
 
 def kinds(client: LockClient) -> dict[str, Callable[[str], Any]]:
@@ -25,6 +35,8 @@ def kinds(client: LockClient) -> dict[str, Callable[[str], Any]]:
         "client.lock (mutex)": client.lock,
         "client.fair_lock": client.fair_lock,
         "client.semaphore(4)": lambda key: client.semaphore(key, permits=4),
+        "client.rw_lock().read()": lambda key: client.rw_lock(key).read(),
+        "client.rw_lock().write()": lambda key: client.rw_lock(key).write(),
     }
 
 
@@ -39,10 +51,56 @@ def measure(take: Callable[[str], Any], cycles: int) -> float:
     return cycles / (time.perf_counter() - start)
 
 
+def worker(url: str, namespace: str, how: str, start: float, stop: float, seed: int) -> None:
+    """One contending process: sections until ``stop``; prints its counts as JSON."""
+    rng = random.Random(seed)
+    reads = writes = 0
+    with LockClient.from_url(url, namespace=namespace) as client:
+        rw = client.rw_lock("bench:doc")
+        time.sleep(max(0.0, start - time.time()))
+        while time.time() < stop:
+            reading = rng.random() < READS
+            if how == "rw":
+                block = rw.read(wait=None) if reading else rw.write(wait=None)
+            else:
+                block = client.lock("bench:doc", wait=None)
+            with block:
+                time.sleep(SECTION)
+            reads += reading
+            writes += not reading
+    print(json.dumps({"reads": reads, "writes": writes}))
+
+
+def contend(url: str, how: str, procs: int, seconds: float) -> float:
+    start = time.time() + 2.0  # time for the processes to start and connect
+    stop = start + seconds
+    namespace = f"bench-kinds-{how}-{random.getrandbits(32):x}:"
+    children = [
+        subprocess.Popen(
+            [sys.executable, __file__, "--worker", url, namespace, how, repr(start), repr(stop), str(seed)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for seed in range(procs)
+    ]
+    total = 0
+    for child in children:
+        out, _ = child.communicate(timeout=seconds + 60)
+        counts = json.loads(out.strip().splitlines()[-1])
+        total += counts["reads"] + counts["writes"]
+    return total / seconds
+
+
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        url, namespace, how, start, stop, seed = sys.argv[2:8]
+        worker(url, namespace, how, float(start), float(stop), int(seed))
+        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cycles", type=int, default=5000)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--procs", type=int, default=4)
+    parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--url", help="a running server (default: start a throwaway valkey-server)")
     args = parser.parse_args()
     with ExitStack() as stack:
@@ -60,11 +118,21 @@ def main() -> None:
             for name in order:
                 rates[name].append(measure(takers[name], args.cycles))
         base = statistics.median(rates[names[0]])
-        print(f"uncontended cycles/s, median of {args.rounds} interleaved runs of {args.cycles:,} ({url})")
-        print(f"{'kind':<24} {'cycles/s':>10} {'x mutex':>8}")
+        print(f"1. uncontended cycles/s, median of {args.rounds} interleaved runs of {args.cycles:,} ({url})")
+        print(f"{'kind':<26} {'cycles/s':>10} {'x mutex':>8}")
         for name in names:
             median = statistics.median(rates[name])
-            print(f"{name:<24} {median:>10,.0f} {median / base:>7.2f}x")
+            print(f"{name:<26} {median:>10,.0f} {median / base:>7.2f}x")
+        print()
+        print(
+            f"2. read-heavy contention: {args.procs} processes, {READS:.0%} reads, {SECTION * 1000:g} ms sections, "
+            f"{args.seconds:g} s"
+        )
+        mutex = contend(url, "mutex", args.procs, args.seconds)
+        rw = contend(url, "rw", args.procs, args.seconds)
+        print(f"{'how':<40} {'sections/s':>10} {'x mutex':>8}")
+        print(f"{'client.lock for every section':<40} {mutex:>10,.0f} {1:>7.2f}x")
+        print(f"{'client.rw_lock: read or write':<40} {rw:>10,.0f} {rw / mutex:>7.2f}x")
 
 
 if __name__ == "__main__":
