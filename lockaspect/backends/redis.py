@@ -55,8 +55,19 @@ RENEW_CHUNK = 256
 
 
 def load_script(name: str) -> str:
-    """The text of ``lockaspect/backends/lua/<name>``."""
-    return resources.files(__package__).joinpath("lua").joinpath(name).read_text(encoding="utf-8")
+    """The text of ``lockaspect/backends/lua/<name>``, with each line ``-- include: <file>``
+    replaced by that file's text (Lua scripts cannot load modules; shared helpers such as
+    the fencing-counter seed live once, in lib.lua)."""
+    lua = resources.files(__package__).joinpath("lua")
+    lines = []
+    for line in lua.joinpath(name).read_text(encoding="utf-8").splitlines(keepends=True):
+        if line.startswith(_INCLUDE):
+            line = lua.joinpath(line[len(_INCLUDE) :].strip()).read_text(encoding="utf-8")
+        lines.append(line)
+    return "".join(lines)
+
+
+_INCLUDE = "-- include: "
 
 
 class LuaScript:

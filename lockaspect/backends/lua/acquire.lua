@@ -27,6 +27,7 @@
 --          -(ms + 1)    busy: ms is the holder's remaining lease (fair lock, free but
 --                       promised to the first waiter: ARGV[5], how long that one may take)
 --          0            busy, and the lock has no expiry (set by hand: never by us)
+-- include: lib.lua
 local fair = ARGV[4] == 'fair'
 local waiter = ARGV[3]
 if waiter == '' then
@@ -34,8 +35,7 @@ if waiter == '' then
 end
 local now, first
 if fair then
-  local time = redis.call('TIME')
-  now = time[1] * 1000 + math.floor(time[2] / 1000)
+  now = server_ms()
   first = redis.call('LINDEX', KEYS[3], 0)
   -- at most 64 per call (a mass crash leaves many): later attempts drop the rest
   for _ = 1, 64 do
@@ -53,13 +53,7 @@ if fair then
 end
 local pttl = redis.call('PTTL', KEYS[1])
 if pttl == -2 and not (first and first ~= waiter) then
-  local fence = redis.call('INCR', KEYS[2])
-  if fence == 1 then
-    local clock = redis.call('TIME')
-    local start = clock[1] .. string.format('%06d', tonumber(clock[2]))
-    redis.call('SET', KEYS[2], start)
-    fence = tonumber(start)
-  end
+  local fence = next_fence(KEYS[2])
   redis.call('HSET', KEYS[1], ARGV[1], 1, 'fence', fence)
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   if waiter then

@@ -18,6 +18,7 @@
 --             "p"), past its grace (ARGV[4]).
 --          2  still held: the token keeps at least one hold (an outer re-entrant call)
 --          0  not owner: the token holds nothing (lease expired, or taken by someone else)
+-- include: lib.lua
 local holds = redis.call('HGET', KEYS[1], ARGV[1])
 if not holds then
   return 0
@@ -28,8 +29,7 @@ if tonumber(holds) > 1 then
 end
 redis.call('DEL', KEYS[1])
 if ARGV[2] == 'fair' then
-  local time = redis.call('TIME')
-  local now = time[1] * 1000 + math.floor(time[2] / 1000)
+  local now = server_ms()
   for _ = 1, 16 do
     local waiter = redis.call('LINDEX', KEYS[2], 0)
     if not waiter then
@@ -50,15 +50,5 @@ if ARGV[2] == 'fair' then
   end
   return 1
 end
-for _ = 1, 16 do
-  local waiter = redis.call('LPOP', KEYS[2])
-  if not waiter then
-    break
-  end
-  -- pcall: a server user without pub/sub rights still releases; its waiters poll instead.
-  local received = redis.pcall('PUBLISH', KEYS[1] .. ':wake:' .. waiter, 'released')
-  if type(received) ~= 'number' or received > 0 then
-    break
-  end
-end
+wake(KEYS[2], KEYS[1], 16, true)
 return 1

@@ -21,8 +21,8 @@
 --
 -- returns  {1, fence}   acquired; a repeated request with the same token gets the same fence
 --          {0, ms}      busy: ms until the writer's or the first reader's lease ends (at least 1)
-local time = redis.call('TIME')
-local now = time[1] * 1000 + math.floor(time[2] / 1000)
+-- include: lib.lua
+local now = server_ms()
 local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)
 if #expired > 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
@@ -34,16 +34,6 @@ if waiter == '' then
   waiter = nil
 end
 local writing = ARGV[3] == 'write'
-local function next_fence()
-  local fence = redis.call('INCR', KEYS[6])
-  if fence == 1 then
-    local clock = redis.call('TIME')
-    local start = clock[1] .. string.format('%06d', tonumber(clock[2]))
-    redis.call('SET', KEYS[6], start)
-    fence = tonumber(start)
-  end
-  return fence
-end
 local free
 if writing then
   if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
@@ -51,7 +41,7 @@ if writing then
   end
   free = redis.call('EXISTS', KEYS[1]) == 0 and redis.call('ZCARD', KEYS[2]) == 0
   if free then
-    local fence = next_fence()
+    local fence = next_fence(KEYS[6])
     redis.call('HSET', KEYS[1], ARGV[1], 1, 'fence', fence)
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
     if waiter then
@@ -72,7 +62,7 @@ else
   local downgrade = ARGV[6] ~= '' and redis.call('HEXISTS', KEYS[1], ARGV[6]) == 1
   free = downgrade or (redis.call('EXISTS', KEYS[1]) == 0 and redis.call('ZCARD', KEYS[4]) == 0)
   if free then
-    local fence = next_fence()
+    local fence = next_fence(KEYS[6])
     redis.call('ZADD', KEYS[2], now + tonumber(ARGV[2]), ARGV[1])
     redis.call('HSET', KEYS[3], ARGV[1], fence)
     local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')

@@ -10,8 +10,8 @@
 if ARGV[2] == 'write' then
   return redis.call('HEXISTS', KEYS[1], ARGV[1])
 end
-local time = redis.call('TIME')
-local now = time[1] * 1000 + math.floor(time[2] / 1000)
+-- include: lib.lua
+local now = server_ms()
 local expires = redis.call('ZSCORE', KEYS[2], ARGV[1])
 if expires and tonumber(expires) > now then
   return 1

@@ -12,8 +12,8 @@
 -- returns  1  released; when no writer and no reader is left (or a writer left: readers may
 --             all come in), up to 16 queued waiters are woken, each on its own channel
 --          0  not owner: the hold had ended (lease expired) or was never this token's
-local time = redis.call('TIME')
-local now = time[1] * 1000 + math.floor(time[2] / 1000)
+-- include: lib.lua
+local now = server_ms()
 if ARGV[2] == 'write' then
   if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then
     return 0
@@ -30,11 +30,5 @@ else
     return 1
   end
 end
-for _ = 1, 16 do
-  local waiter = redis.call('LPOP', KEYS[4])
-  if not waiter then
-    break
-  end
-  redis.pcall('PUBLISH', ARGV[3] .. ':wake:' .. waiter, 'released')
-end
+wake(KEYS[4], ARGV[3], 16, false)
 return 1

@@ -16,8 +16,8 @@
 --          {0, ms}      no permit free: ms until the first permit expires (at least 1)
 --          {-1, n}      the semaphore has n permits, not ARGV[3]: nothing changed
 -- Expired permits are dropped first: a dead holder's permit comes back when its lease ends.
-local time = redis.call('TIME')
-local now = time[1] * 1000 + math.floor(time[2] / 1000)
+-- include: lib.lua
+local now = server_ms()
 local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)
 if #expired > 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
@@ -40,13 +40,7 @@ if waiter == '' then
   waiter = nil
 end
 if redis.call('ZCARD', KEYS[1]) < permits then
-  local fence = redis.call('INCR', KEYS[3])
-  if fence == 1 then
-    local clock = redis.call('TIME')
-    local start = clock[1] .. string.format('%06d', tonumber(clock[2]))
-    redis.call('SET', KEYS[3], start)
-    fence = tonumber(start)
-  end
+  local fence = next_fence(KEYS[3])
   redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
   redis.call('HSET', KEYS[5], ARGV[1], fence)
   -- the holders' keys live as long as their longest permit

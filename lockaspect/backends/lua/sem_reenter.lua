@@ -5,8 +5,8 @@
 -- ARGV[1]  owner token
 --
 -- returns  1  still held (its lease has not ended); 0 not held any more
-local time = redis.call('TIME')
-local now = time[1] * 1000 + math.floor(time[2] / 1000)
+-- include: lib.lua
+local now = server_ms()
 local expires = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if expires and tonumber(expires) > now then
   return 1

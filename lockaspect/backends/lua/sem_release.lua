@@ -8,22 +8,13 @@
 --
 -- returns  1  released; the first queued waiter still listening is woken (see release.lua)
 --          0  not owner: the permit had expired (or was never this token's)
-local time = redis.call('TIME')
-local now = time[1] * 1000 + math.floor(time[2] / 1000)
+-- include: lib.lua
+local now = server_ms()
 local expires = redis.call('ZSCORE', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('HDEL', KEYS[2], ARGV[1])
 if not expires or tonumber(expires) <= now then
   return 0
 end
-for _ = 1, 16 do
-  local waiter = redis.call('LPOP', KEYS[3])
-  if not waiter then
-    break
-  end
-  local received = redis.pcall('PUBLISH', ARGV[2] .. ':wake:' .. waiter, 'released')
-  if type(received) ~= 'number' or received > 0 then
-    break
-  end
-end
+wake(KEYS[3], ARGV[2], 16, true)
 return 1

@@ -6,8 +6,8 @@
 -- ARGV[2i]    new lease in milliseconds
 --
 -- returns     {s1, ..., sN} with si = 1 renewed, 0 not held any more (expired or released)
-local time = redis.call('TIME')
-local now = time[1] * 1000 + math.floor(time[2] / 1000)
+-- include: lib.lua
+local now = server_ms()
 local result = {}
 for i = 1, #ARGV / 2 do
   local holders, fences, token = KEYS[2 * i - 1], KEYS[2 * i], ARGV[2 * i - 1]

@@ -9,19 +9,13 @@
 -- returns  {permits or -1 when never set, permits in use (not expired)}. Raising the number
 --          wakes up to that many more queued waiters; lowering it takes no permit away (the
 --          holders keep theirs; new ones wait until fewer are held than the new number).
-local time = redis.call('TIME')
-local now = time[1] * 1000 + math.floor(time[2] / 1000)
+-- include: lib.lua
+local now = server_ms()
 local in_use = redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')
 if ARGV[1] ~= '' then
   local old = tonumber(redis.call('GET', KEYS[2])) or 0
   local new = tonumber(ARGV[1])
   redis.call('SET', KEYS[2], new)
-  for _ = 1, math.min(16, math.max(0, new - old)) do
-    local waiter = redis.call('LPOP', KEYS[3])
-    if not waiter then
-      break
-    end
-    redis.pcall('PUBLISH', ARGV[2] .. ':wake:' .. waiter, 'released')
-  end
+  wake(KEYS[3], ARGV[2], math.min(16, math.max(0, new - old)), false)
 end
 return {tonumber(redis.call('GET', KEYS[2])) or -1, in_use}
