@@ -673,9 +673,9 @@ class LockClient:
         ``client.rw_lock(key).read(...)`` and ``.write(...)`` take the same options as
         :meth:`lock` and return the same kind of block (``with`` / ``async with``), with a
         lease renewed by the watchdog, a fencing token, ``LockLost`` and re-entry (a read
-        inside a read, a write inside a write). A writer may also take the read lock
-        (downgrade: keep reading after releasing the write lock). A reader that asks for the
-        write lock gets :class:`ConfigurationError` at once instead of a deadlock.
+        inside a read, a write inside a write). A writer may also take the read lock inside
+        its write block (downgrade). A reader that asks for the write lock gets
+        :class:`ConfigurationError` at once instead of a deadlock.
 
         Writers are preferred: while a writer waits, new readers wait too, so a stream of
         readers cannot starve writers; a waiting writer that died stops counting within 5 s.

@@ -333,8 +333,8 @@ class _RedisLocks:
         replicas confirmed an acquisition (the core decides what too few means)."""
         self._wait_command = (b"WAIT", b"%d" % replicas, b"%d" % _ms(timeout))
 
-    def _acquired_replicated(self, reply: int, acked: Any) -> AcquireResult:
-        result = self._acquired(reply)
+    @staticmethod
+    def _replicated(result: AcquireResult, acked: Any) -> AcquireResult:
         return result._replace(replicas=int(acked)) if result.acquired else result
 
     def semaphore_key(self, key: str) -> str:
@@ -411,7 +411,7 @@ class _RedisLocks:
         if kind == "semaphore":
             return (lock + b":sem:waiters",), (waiter.encode(),)
         if kind in ("read", "write"):
-            return (lock + b":rw:waiters", lock + b":rw:wq"), (waiter.encode(), b"zset")
+            return (lock + b":rw:waiters", lock + b":rw:wq", lock + b":rw:w"), (waiter.encode(), b"zset", lock)
         if kind == "fair":
             return (lock + b":fair", lock + b":fair:seen"), (waiter.encode(), b"hash")
         return (lock + b":waiters",), (waiter.encode(),)
@@ -455,15 +455,19 @@ class _RedisLocks:
 
     def _queue_renewals(self, pipe: Any, leases: Sequence[RenewItem]) -> list[int]:
         """Queue one EVALSHA per chunk of ``leases`` on a pipeline (sync or async: queueing
-        does no I/O in either): locks with renew.lua, semaphore permits (items with a 4th
-        element ``True``) with sem_renew.lua. The order in which the answers come back, as
-        indexes into ``leases`` (see :meth:`_renewed`)."""
+        does no I/O in either): locks and writers with renew.lua, semaphore permits and
+        readers (by the item's kind, see :data:`RenewItem`) with sem_renew.lua. Returns the
+        order in which the answers come back, as indexes into ``leases`` (see
+        :meth:`_renewed`)."""
         namespace = self.namespace
         # renew.lua extends a hash its token is in: a lock (or fair lock), a writer;
         # sem_renew.lua a sorted-set member: a semaphore permit, a reader.
         items: Sequence[tuple[Any, ...]] = leases
         kinds = [str(item[3]) if len(item) > 3 else "lock" for item in items]
-        hashes = [i for i, kind in enumerate(kinds) if kind in ("lock", "write")]
+        unknown = set(kinds) - {"lock", "fair", "write", "semaphore", "read"}
+        if unknown:
+            raise ValueError(f"cannot renew leases of kind {sorted(unknown)}")
+        hashes = [i for i, kind in enumerate(kinds) if kind in ("lock", "fair", "write")]
         members = [i for i, kind in enumerate(kinds) if kind in ("semaphore", "read")]
         for start in range(0, len(hashes), RENEW_CHUNK):
             keys: list[str] = []
@@ -560,7 +564,7 @@ class RedisBackend(_RedisLocks):
         try:
             if self._wait_command is not None:
                 reply, acked = self._acquire.run_then(self._wire, self.redis, keys, args, self._wait_command)
-                return self._acquired_replicated(reply, acked)
+                return self._replicated(self._acquired(reply), acked)
             reply = self._acquire.run(self._wire, self.redis, keys, args)
         except RedisError as exc:
             raise map_redis_error(exc, key, "acquire") from exc
@@ -580,6 +584,9 @@ class RedisBackend(_RedisLocks):
         """Take one of ``permits`` permits of semaphore ``key`` for ``lease`` seconds."""
         keys, args = self._sem_acquire_request(key, token, lease, permits, waiter, front)
         try:
+            if self._wait_command is not None:
+                reply, acked = self._sem_acquire.run_then(self._wire, self.redis, keys, args, self._wait_command)
+                return self._replicated(self._sem_acquired(reply), acked)
             return self._sem_acquired(self._sem_acquire.run(self._wire, self.redis, keys, args))
         except RedisError as exc:
             raise map_redis_error(exc, key, "acquire") from exc
@@ -613,6 +620,9 @@ class RedisBackend(_RedisLocks):
     ) -> AcquireResult:
         keys, args = self._rw_acquire_request(key, token, lease, mode, waiter, below)
         try:
+            if self._wait_command is not None:
+                reply, acked = self._rw_acquire.run_then(self._wire, self.redis, keys, args, self._wait_command)
+                return self._replicated(self._sem_acquired(reply), acked)
             return self._sem_acquired(self._rw_acquire.run(self._wire, self.redis, keys, args))
         except RedisError as exc:
             raise map_redis_error(exc, key, "acquire") from exc
@@ -1053,7 +1063,7 @@ class AsyncRedisBackend(_RedisLocks):
                 reply, acked = await _run_async_then(
                     self._acquire, self._wire, self.redis, keys, args, self._wait_command
                 )
-                return self._acquired_replicated(reply, acked)
+                return self._replicated(self._acquired(reply), acked)
             reply = await _run_async(self._acquire, self._wire, self.redis, keys, args)
         except RedisError as exc:
             raise map_redis_error(exc, key, "acquire") from exc
@@ -1071,6 +1081,11 @@ class AsyncRedisBackend(_RedisLocks):
     ) -> AcquireResult:
         keys, args = self._sem_acquire_request(key, token, lease, permits, waiter, front)
         try:
+            if self._wait_command is not None:
+                reply, acked = await _run_async_then(
+                    self._sem_acquire, self._wire, self.redis, keys, args, self._wait_command
+                )
+                return self._replicated(self._sem_acquired(reply), acked)
             return self._sem_acquired(await _run_async(self._sem_acquire, self._wire, self.redis, keys, args))
         except RedisError as exc:
             raise map_redis_error(exc, key, "acquire") from exc
@@ -1103,6 +1118,11 @@ class AsyncRedisBackend(_RedisLocks):
     ) -> AcquireResult:
         keys, args = self._rw_acquire_request(key, token, lease, mode, waiter, below)
         try:
+            if self._wait_command is not None:
+                reply, acked = await _run_async_then(
+                    self._rw_acquire, self._wire, self.redis, keys, args, self._wait_command
+                )
+                return self._replicated(self._sem_acquired(reply), acked)
             return self._sem_acquired(await _run_async(self._rw_acquire, self._wire, self.redis, keys, args))
         except RedisError as exc:
             raise map_redis_error(exc, key, "acquire") from exc

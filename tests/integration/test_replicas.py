@@ -107,6 +107,21 @@ class TestNotConfirmed:
 
         asyncio.run(main())
 
+    @pytest.mark.parametrize("kind", ["semaphore", "read", "write"])
+    def test_every_lock_kind_is_checked(self, pair: Pair, client: LockClient, kind: str) -> None:
+        """Semaphore permits and read-write holds are confirmed like locks: none is granted unconfirmed."""
+        block = (
+            client.semaphore("kinds", permits=2) if kind == "semaphore" else getattr(client.rw_lock("kinds"), kind)()
+        )
+        with paused(pair), pytest.raises(NotReplicated), block:
+            pytest.fail("the body must not run")
+        if kind == "semaphore":
+            assert client.permits("kinds")[1] == 0
+        else:
+            keys = client.backend.rw_keys("kinds")
+            assert pair.primary_redis.exists(keys["writer"]) == 0
+            assert pair.primary_redis.zcard(keys["readers"]) == 0
+
     def test_more_replicas_than_there_are(self, pair: Pair, namespace: str) -> None:
         with LockClient.from_url(pair.primary.url, namespace=namespace, wait_replicas=(2, 0.2)) as client:
             with pytest.raises(NotReplicated) as caught, client.lock("order:4"):

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from lockaspect import ConfigurationError, LockClient, LockNotAcquired, config, current_lease, distributed_lock
+from lockaspect import ConfigurationError, LockClient, LockNotAcquired, _policy, config, current_lease, distributed_lock
 from lockaspect.testing import LockServer
 
 LIVENESS = 30.0  # deadlock guard, not a speed expectation
@@ -75,7 +75,7 @@ class Holder:
             try:
                 with getattr(client.rw_lock(key), mode)(**options):
                     self.acquired.set()
-                    self._done.wait(LIVENESS)
+                    self._done.wait(3 * LIVENESS)  # longer than any wait of the test for others
             except BaseException as exc:  # noqa: BLE001 - handed to the test
                 self.error = exc
 
@@ -158,6 +158,38 @@ class TestSharingAndExclusion:
         assert busy(client, "stale", "read"), "a live waiting writer keeps readers out"
 
 
+class TestWakeUps:
+    def test_a_writer_that_gives_up_lets_the_readers_it_kept_out_in(
+        self, lock_server: LockServer, namespace: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Reader holds, a writer waits then gives up, a second reader queued behind the writer is woken at once
+        (with 60 s leases and no periodic re-check, only that wake-up can let it in within LIVENESS)."""
+        monkeypatch.setattr(_policy, "NOTIFY_RECHECK", 60.0)
+        with LockClient.from_url(lock_server.url, namespace=namespace, watchdog_lease=60.0) as slow:
+            reader = Holder(slow, "gone", "read")
+            assert reader.acquired.wait(LIVENESS)
+            writer = Holder(slow, "gone", "write", wait=1.0)
+            keys = slow.backend.rw_keys("gone")
+            wait_until(lambda: slow.backend.redis.zcard(keys["waiting writers"]) == 1, "the writer waiting")
+            second = Holder(slow, "gone", "read", wait=None)
+            wait_until(lambda: slow.backend.redis.llen(keys["waiters"]) >= 2, "the second reader queued")
+            assert second.acquired.wait(LIVENESS)
+            second.release()
+            writer._thread.join(LIVENESS)
+            assert isinstance(writer.error, LockNotAcquired)
+            reader.release()
+
+    def test_many_expired_readers_are_cleaned_up(self, client: LockClient) -> None:
+        """Thousands of readers whose leases ended (a mass crash) are dropped by the next acquisition."""
+        keys = client.backend.rw_keys("crowd")
+        redis = client.backend.redis
+        redis.zadd(keys["readers"], {f"dead-{i}": 1 for i in range(10_000)})
+        redis.hset(keys["fences"], mapping={f"dead-{i}": i for i in range(10_000)})
+        with client.rw_lock("crowd").write():
+            assert redis.zcard(keys["readers"]) == 0
+            assert redis.hlen(keys["fences"]) == 0
+
+
 class TestReentry:
     def test_read_in_read_and_write_in_write_reenter(self, client: LockClient) -> None:
         rw = client.rw_lock("re")
@@ -167,7 +199,7 @@ class TestReentry:
             assert inner_w is outer_w
         assert not busy(client, "re", "write")
 
-    def test_a_writer_may_read_and_keeps_reading_after_writing(self, client: LockClient) -> None:
+    def test_a_writer_may_read_inside_its_write_block(self, client: LockClient) -> None:
         rw = client.rw_lock("down")
         with rw.write() as write:
             with rw.read() as read:

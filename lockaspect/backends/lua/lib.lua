@@ -22,6 +22,13 @@ local function next_fence(counter)
   return fence
 end
 
+-- HDEL `fields` from `hash` in chunks (unpack has a limit: a mass expiry can leave thousands).
+local function hdel_all(hash, fields)
+  for i = 1, #fields, 1000 do
+    redis.call('HDEL', hash, unpack(fields, i, math.min(i + 999, #fields)))
+  end
+end
+
 -- Pop waiter ids from `queue` and wake each with a message on `prefix` .. ':wake:' .. id,
 -- at most `limit` of them; with `one`, stop at the first one somebody received (a waiter
 -- whose process is gone is skipped). pcall: a server user without pub/sub rights still

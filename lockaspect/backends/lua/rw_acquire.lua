@@ -26,7 +26,7 @@ local now = server_ms()
 local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)
 if #expired > 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
-  redis.call('HDEL', KEYS[3], unpack(expired))
+  hdel_all(KEYS[3], expired)
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now - tonumber(ARGV[5]))
 local waiter = ARGV[4]

@@ -21,7 +21,7 @@ local now = server_ms()
 local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)
 if #expired > 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-  redis.call('HDEL', KEYS[5], unpack(expired))
+  hdel_all(KEYS[5], expired)
 end
 local wanted = tonumber(ARGV[3])
 local permits = tonumber(redis.call('GET', KEYS[2]))

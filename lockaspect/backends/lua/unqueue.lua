@@ -3,15 +3,23 @@
 -- KEYS[1]  the lock's waiter queue (see acquire.lua, sem_acquire.lua, rw_acquire.lua)
 -- KEYS[2]  optional: where the waiter is also registered: the fair lock's last-seen hash
 --          (ARGV[2] "hash"), or a read-write lock's waiting writers (ARGV[2] "zset")
+-- KEYS[3]  with "zset": the read-write lock's writer hash
 -- ARGV[1]  waiter id
 -- ARGV[2]  with KEYS[2]: "hash" or "zset"
+-- ARGV[3]  with "zset": the wake-up channel prefix (see rw_release.lua)
 --
--- returns  the number of queue entries removed (0 or 1)
+-- returns  the number of queue entries removed (0 or 1). When the last waiting writer of a
+--          read-write lock leaves while no writer holds it, the readers it kept out are woken.
+-- include: lib.lua
+local removed = redis.call('LREM', KEYS[1], 0, ARGV[1])
 if KEYS[2] then
   if ARGV[2] == 'zset' then
-    redis.call('ZREM', KEYS[2], ARGV[1])
+    if redis.call('ZREM', KEYS[2], ARGV[1]) == 1 and redis.call('ZCARD', KEYS[2]) == 0
+        and redis.call('EXISTS', KEYS[3]) == 0 then
+      wake(KEYS[1], ARGV[3], 16, false)
+    end
   else
     redis.call('HDEL', KEYS[2], ARGV[1])
   end
 end
-return redis.call('LREM', KEYS[1], 0, ARGV[1])
+return removed
