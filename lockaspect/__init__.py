@@ -26,6 +26,7 @@ from .errors import NotReplicated as NotReplicated
 from .keys import register_converter as register_converter
 from .keys import register_resolver as register_resolver
 from .lease import Lease as Lease
+from .lease import MultiLease as MultiLease
 from .lease import current_lease as current_lease
 
 __version__ = "0.1.0"
@@ -40,6 +41,7 @@ __all__ = [
     "LockError",
     "LockLost",
     "LockNotAcquired",
+    "MultiLease",
     "NotReplicated",
     "configure",
     "current_lease",

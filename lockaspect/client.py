@@ -13,7 +13,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Iterable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from os import urandom as _urandom
@@ -22,11 +22,11 @@ from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 from . import _policy
-from .backends.base import AcquireResult, Backend, Capability, ReleaseResult, Subscription
+from .backends.base import AcquireResult, Backend, Capability, MultiAcquireResult, ReleaseResult, Subscription
 from .errors import _NO_RESULT, BackendError, ConfigurationError, LockLost, LockNotAcquired, NotReplicated
 from .executor import Outcome, check_executor, run_body
 from .keys import check_key
-from .lease import _HELD, Lease, _find_held, _push
+from .lease import _HELD, Lease, MultiLease, _find_held, _push
 from .timer import HashedWheelTimer
 from .watchdog import LoopRenewer, Watchdog
 
@@ -204,6 +204,11 @@ class _Plan(NamedTuple):
     delay_weight: float
 
 
+def _busy(result: MultiAcquireResult) -> AcquireResult:
+    """A failed multi-key attempt as the busy answer for its busy key."""
+    return AcquireResult(False, holder_ttl=result.holder_ttl)
+
+
 def _slot_key(key: str, spec: LockSpec) -> str:
     """Where same-process waiters for ``key`` coalesce: a semaphore's apart from a lock's of
     the same name (braces cannot occur in keys)."""
@@ -316,7 +321,7 @@ class _LostCancel:
             pass
 
     def _cancel(self) -> None:
-        if not self.task.done():
+        if not self.task.done() and not self.fired:  # once, also when several leases are lost
             self.fired = True
             self.task.cancel()
 
@@ -667,6 +672,59 @@ class LockClient:
             fair=True,
         )
 
+    def multi_lock(
+        self,
+        keys: Iterable[str],
+        *,
+        lease: float | None = None,
+        wait: float | None = 0.0,
+        delay_weight: float | None = None,
+        on_lost: OnLost | None = None,
+        max_hold: float | None = None,
+        wait_strategy: str = "notify",
+    ) -> MultiLockBlock:
+        """Lock every key of ``keys`` for a ``with`` (or ``async with``) block, all at once
+        or none; the block gets a :class:`~lockaspect.lease.MultiLease`.
+
+        The keys are deduplicated and sorted, and taken in one atomic step on the store, so
+        two calls over overlapping sets can never each hold a part and wait for the other,
+        and a failed attempt leaves nothing behind. While a key is busy the call waits as
+        :meth:`lock` does (woken by that key's release), then tries the whole set again.
+        Each key gets a lease of its own with its own fencing token
+        (``multi.fencing_tokens``); the watchdog renews them together, and the block raises
+        :class:`LockLost` if any of them is lost. Inside the block, ``client.lock(key)`` on
+        one of the keys re-enters it. A multi-key lock whose keys are all held in this
+        context re-enters them; one with only some of them held is refused
+        (:class:`ConfigurationError`: taking the rest later is how deadlocks start).
+
+        Raises (at once, before any I/O): :class:`ConfigurationError` for an empty key list,
+        :class:`TypeError` for a key that is not a ``str``, :class:`KeyTemplateError` for a
+        malformed key.
+
+        Example::
+
+            with client.multi_lock([f"account:{a}", f"account:{b}"], wait=5) as both:
+                transfer(a, b, fences=both.fencing_tokens)
+        """
+        if isinstance(keys, str):
+            raise TypeError("keys must be an iterable of keys, not a single str (use client.lock)")
+        checked = []
+        for key in keys:
+            if not isinstance(key, str):
+                raise TypeError(f"every key must be a str, got {type(key).__name__}")
+            checked.append(check_key(key))
+        if not checked:
+            raise ConfigurationError("multi_lock needs at least one key")
+        spec = LockSpec.create(
+            lease=lease,
+            delay_weight=delay_weight,
+            wait=wait,
+            max_hold=max_hold,
+            on_lost=on_lost,
+            wait_strategy=wait_strategy,
+        )
+        return MultiLockBlock(self, tuple(sorted(set(checked))), spec)
+
     def rw_lock(self, key: str) -> RWLock:
         """The read-write lock ``key``: many readers at once, or one writer.
 
@@ -836,6 +894,124 @@ class LockClient:
             self._discard(key, token, spec)
             raise
 
+    def _acquire_multi(self, keys: tuple[str, ...], spec: LockSpec) -> MultiLease:
+        """Take every key at once (see :meth:`multi_lock`), or re-enter them all."""
+        held = self._multi_held(keys)
+        if held is not None:
+            return self._reenter_all(held)
+        plan = self._plan(spec)
+        token = _token()
+        clock = self._clock
+        start = clock()
+        deadline = _policy.wait_deadline(start, spec.wait)
+        notifier = (
+            self.backend.notifier() if self._notify and spec.wait_strategy == "notify" and spec.wait != 0 else None
+        )
+        subscription: Subscription | None = None
+        watched: str | None = None  # the busy key whose release we listen for
+        waiter: str | None = None
+        attempt = tries = 0
+        try:
+            while True:
+                sent = clock()
+                try:
+                    result = self.backend.multi_acquire(keys, token, plan.lease_time, waiter)
+                except BaseException:
+                    self._discard_all(keys, token)
+                    raise
+                tries += 1
+                if result.acquired:
+                    waiter = None  # the script took us off every queue
+                    break
+                now = clock()
+                if deadline is not None and now >= deadline:
+                    raise self._not_acquired(result.busy or keys[0], spec, start, _busy(result), tries)
+                if self._closed:
+                    raise ConfigurationError("the LockClient was closed while waiting", key=keys[0])
+                if notifier is not None and result.busy != watched:
+                    # Listen for the busy key's release (queued by the next attempt), then retry.
+                    if subscription is not None:
+                        notifier.unsubscribe(subscription)
+                    self._leave_queue_of(watched, waiter)
+                    watched = result.busy
+                    assert watched is not None
+                    remaining = SUBSCRIBE_TIMEOUT if deadline is None else min(SUBSCRIBE_TIMEOUT, deadline - now)
+                    subscription = notifier.subscribe(watched, remaining)
+                    waiter = notifier.waiter_id if subscription.active else None
+                    continue
+                pause = _policy.retry_sleep(
+                    now=now,
+                    deadline=deadline,
+                    holder_ttl=result.holder_ttl,
+                    attempt=attempt,
+                    notified=subscription is not None and subscription.active,
+                )
+                if subscription is not None:
+                    subscription.wait(pause)
+                else:
+                    time.sleep(pause)
+                attempt += 1
+        finally:
+            if subscription is not None and notifier is not None:
+                notifier.unsubscribe(subscription)
+            self._leave_queue_of(watched, waiter)
+        if self._too_few_replicas(result):
+            self._discard_all(keys, token)
+            raise self._not_replicated(keys[0], result)
+        leases: list[Lease] = []
+        try:
+            for key, fence in zip(keys, result.fencing_tokens, strict=True):
+                leases.append(self._new_lease(key, token, AcquireResult(True, fence, 1), spec, plan, sent, None))
+        except BaseException:
+            for made in leases:
+                self._release(made)
+            self._discard_all(keys[len(leases) :], token)
+            raise
+        return MultiLease(leases)
+
+    def _multi_held(self, keys: tuple[str, ...]) -> list[Lease] | None:
+        """The leases this context holds on every key (a re-entry), ``None`` when it holds
+        none of them; refused when it holds only some."""
+        held = [self._held_here(key) for key in keys]
+        if all(lease is None for lease in held):
+            return None
+        if any(lease is None for lease in held):
+            mine = [key for key, lease in zip(keys, held, strict=True) if lease is not None]
+            raise ConfigurationError(
+                f"this context already holds {mine!r} and asks for them together with other keys: taking the "
+                "rest later is how two callers deadlock; take the whole set at once, before any of them",
+                key=mine[0],
+            )
+        return [lease for lease in held if lease is not None]
+
+    def _reenter_all(self, held: list[Lease]) -> MultiLease:
+        entered: list[Lease] = []
+        try:
+            for lease in held:
+                entered.append(self._reenter(lease))
+        except BaseException:
+            for lease in entered:
+                self._release(lease)
+            raise
+        return MultiLease(entered)
+
+    def _discard_all(self, keys: Sequence[str], token: str) -> None:
+        for key in keys:
+            try:
+                self.backend.release(key, token)
+            except BackendError:
+                pass
+
+    def _leave_queue_of(self, key: str | None, waiter: str | None) -> None:
+        """A multi-key waiter leaves the queue of the key it listened on (no local coalescing:
+        it leaves unless another local waiter of that key may use the place)."""
+        if key is None or waiter is None or key in self._slots:
+            return
+        try:
+            self.backend.unqueue(key, waiter)
+        except BackendError:
+            pass
+
     def _leave_queue(self, key: str, waiter: str, spec: LockSpec) -> None:
         """Take ``waiter`` off ``key``'s queue when its wait ends before the wait loop (which
         does this itself): a fair waiter's own place always, the process's place only when
@@ -872,11 +1048,11 @@ class LockClient:
                 key=key,
             )
 
-    def _too_few_replicas(self, result: AcquireResult) -> bool:
+    def _too_few_replicas(self, result: AcquireResult | MultiAcquireResult) -> bool:
         wanted = self.wait_replicas
         return wanted is not None and result.replicas is not None and result.replicas < wanted[0]
 
-    def _not_replicated(self, key: str, result: AcquireResult) -> NotReplicated:
+    def _not_replicated(self, key: str, result: AcquireResult | MultiAcquireResult) -> NotReplicated:
         assert self.wait_replicas is not None
         wanted, timeout = self.wait_replicas
         confirmed = result.replicas or 0
@@ -1395,6 +1571,115 @@ class LockClient:
             await self._adiscard(state, key, token, spec)
             raise
 
+    async def _aacquire_multi(self, keys: tuple[str, ...], spec: LockSpec) -> MultiLease:
+        """:meth:`_acquire_multi` for a task."""
+        held = self._multi_held(keys)
+        state = self._loop_state()
+        if held is not None:
+            entered: list[Lease] = []
+            try:
+                for lease in held:
+                    entered.append(await self._areenter(lease, state))
+            except BaseException:
+                for lease in entered:
+                    await self._arelease_shielded(lease, state)
+                raise
+            return MultiLease(entered)
+        plan = self._plan(spec)
+        token = _token()
+        clock = self._clock
+        start = clock()
+        deadline = _policy.wait_deadline(start, spec.wait)
+        notify = self._notify and spec.wait_strategy == "notify" and spec.wait != 0
+        notifier = state.backend.notifier() if notify else None
+        subscription: Any = None
+        watched: str | None = None
+        waiter: str | None = None
+        attempt = tries = 0
+        try:
+            while True:
+                _raise_if_cancel_lost()
+                sent = clock()
+                try:
+                    result = await state.backend.multi_acquire(keys, token, plan.lease_time, waiter)
+                except BaseException:
+                    await self._adiscard_all(state, keys, token)
+                    raise
+                tries += 1
+                if result.acquired:
+                    waiter = None
+                    break
+                now = clock()
+                if deadline is not None and now >= deadline:
+                    raise self._not_acquired(result.busy or keys[0], spec, start, _busy(result), tries)
+                if self._closed:
+                    raise ConfigurationError("the LockClient was closed while waiting", key=keys[0])
+                if notifier is not None and result.busy != watched:
+                    if subscription is not None:
+                        notifier.unsubscribe(subscription)
+                    await self._aleave_queue_of(state, watched, waiter)
+                    watched = result.busy
+                    assert watched is not None
+                    remaining = SUBSCRIBE_TIMEOUT if deadline is None else min(SUBSCRIBE_TIMEOUT, deadline - now)
+                    subscription = await notifier.subscribe(watched, remaining)
+                    waiter = notifier.waiter_id if subscription.active else None
+                    continue
+                pause = _policy.retry_sleep(
+                    now=now,
+                    deadline=deadline,
+                    holder_ttl=result.holder_ttl,
+                    attempt=attempt,
+                    notified=subscription is not None and subscription.active,
+                )
+                if subscription is not None:
+                    await subscription.wait(pause)
+                else:
+                    await asyncio.sleep(pause)
+                attempt += 1
+        finally:
+            if subscription is not None and notifier is not None:
+                notifier.unsubscribe(subscription)
+            await self._aleave_queue_of(state, watched, waiter)
+        if self._too_few_replicas(result):
+            await self._adiscard_all(state, keys, token)
+            raise self._not_replicated(keys[0], result)
+        leases: list[Lease] = []
+        try:
+            for key, fence in zip(keys, result.fencing_tokens, strict=True):
+                leases.append(
+                    self._new_lease(key, token, AcquireResult(True, fence, 1), spec, plan, sent, state.renewer)
+                )
+        except BaseException:
+            for made in leases:
+                await self._arelease_shielded(made, state)
+            await self._adiscard_all(state, keys[len(leases) :], token)
+            raise
+        return MultiLease(leases)
+
+    async def _adiscard_all(self, state: _LoopState, keys: Sequence[str], token: str) -> None:
+        async def discard() -> None:
+            for key in keys:
+                try:
+                    await state.backend.release(key, token)
+                except BackendError:
+                    pass
+
+        await _shielded(state, discard())
+
+    async def _aleave_queue_of(self, state: _LoopState, key: str | None, waiter: str | None) -> None:
+        """:meth:`_leave_queue_of` for a task (shielded)."""
+        if key is None or waiter is None or key in state.slots:
+            return
+
+        async def unqueue() -> None:
+            try:
+                await state.backend.unqueue(key, waiter)
+            except BackendError:
+                pass
+
+        with contextlib.suppress(BaseException):
+            await _shielded(state, unqueue())
+
     async def _aleave_queue(self, state: _LoopState, key: str, waiter: str, spec: LockSpec, others: bool) -> None:
         """:meth:`_leave_queue` for a task (shielded: it may run while the task is cancelled);
         ``others``: other waiters of this loop still use the loop's place."""
@@ -1892,6 +2177,108 @@ class LockBlock:
                     exception=exc,
                 ) from exc
         _raise_if_lost(lease, exc)
+
+
+class MultiLockBlock:
+    """The context manager returned by :meth:`LockClient.multi_lock`, for ``with`` and
+    ``async with``; like :class:`LockBlock`, with a :class:`~lockaspect.lease.MultiLease`."""
+
+    __slots__ = ("_client", "_keys", "_lost_cancel", "_multi", "_spec", "_tokens")
+
+    def __init__(self, client: LockClient, keys: tuple[str, ...], spec: LockSpec) -> None:
+        self._client = client
+        self._keys = keys
+        self._spec = spec
+        self._multi: MultiLease | None = None
+        self._tokens: list[Any] = []
+        self._lost_cancel: _LostCancel | None = None
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """The keys, deduplicated and sorted."""
+        return self._keys
+
+    def __enter__(self) -> MultiLease:
+        if self._multi is not None:
+            raise RuntimeError("this lock block is already entered; call client.multi_lock() again")
+        multi = self._client._acquire_multi(self._keys, self._spec)
+        self._multi = multi
+        self._tokens = [_push(lease) for lease in multi.leases]
+        return multi
+
+    def _unwind(self) -> MultiLease:
+        multi, self._multi = self._multi, None
+        assert multi is not None
+        tokens, self._tokens = self._tokens, []
+        for token in reversed(tokens):
+            _HELD.reset(token)
+        return multi
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        multi = self._multi
+        assert multi is not None
+        try:
+            self._unwind()
+        finally:
+            for lease in reversed(multi.leases):
+                self._client._release(lease)
+        for lease in multi.leases:
+            _raise_if_lost(lease, exc)
+
+    async def __aenter__(self) -> MultiLease:
+        if self._multi is not None:
+            raise RuntimeError("this lock block is already entered; call client.multi_lock() again")
+        multi = await self._client._aacquire_multi(self._keys, self._spec)
+        self._multi = multi
+        self._tokens = [_push(lease) for lease in multi.leases]
+        task = asyncio.current_task()
+        if task is not None:
+            self._lost_cancel = _LostCancel(asyncio.get_running_loop(), task)
+            for lease in multi.leases:
+                lease._add_lost_waiter(self._lost_cancel)
+        return multi
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        multi = self._multi
+        assert multi is not None
+        lost_cancel, self._lost_cancel = self._lost_cancel, None
+        if lost_cancel is not None:
+            lost_cancel.task = _DONE
+            for lease in multi.leases:
+                lease._remove_lost_waiter(lost_cancel)
+        try:
+            self._unwind()
+        finally:
+            state = self._client._loop_state()
+            for lease in reversed(multi.leases):
+                await self._client._arelease_shielded(lease, state)
+        if lost_cancel is not None and lost_cancel.fired and isinstance(exc, asyncio.CancelledError):
+            task = asyncio.current_task()
+            uncancel = getattr(task, "uncancel", None)
+            if uncancel is not None:
+                uncancel()
+            if not _cancelling():
+                reason = multi.lost_reason or "expired"
+                lost = next((lease for lease in multi.leases if lease.lost), multi.leases[0])
+                raise LockLost(
+                    f"lease on {lost.key!r} lost ({reason}); the block was cancelled",
+                    key=lost.key,
+                    reason=reason,
+                    lease=lost,
+                    exception=exc,
+                ) from exc
+        for lease in multi.leases:
+            _raise_if_lost(lease, exc)
 
 
 def _raise_if_lost(lease: Lease, exc: BaseException | None) -> None:

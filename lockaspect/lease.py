@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextvars import ContextVar, Token
 from typing import TYPE_CHECKING, Any
 
@@ -283,3 +283,53 @@ def _find_held(client: Any, key: str, kind: str = "lock") -> Lease | None:
             return lease
         held = held.parent
     return None
+
+
+class MultiLease:
+    """The leases of a multi-key lock (see :meth:`LockClient.multi_lock
+    <lockaspect.LockClient.multi_lock>`): one :class:`Lease` per key, taken all at once under
+    one owner token and renewed together.
+
+    Attributes:
+        keys: The keys, deduplicated and sorted (the order they are taken and listed in).
+        leases: Each key's lease, in the same order.
+    """
+
+    __slots__ = ("keys", "leases")
+
+    def __init__(self, leases: Sequence[Lease]) -> None:
+        self.leases = tuple(leases)
+        self.keys = tuple(lease.key for lease in self.leases)
+
+    @property
+    def fencing_tokens(self) -> dict[str, int]:
+        """Each key's fencing token: pass each resource the token of its key."""
+        return {lease.key: lease.fencing_token for lease in self.leases}
+
+    @property
+    def lost(self) -> bool:
+        """``True`` once any of the keys' leases is lost."""
+        return any(lease.lost for lease in self.leases)
+
+    @property
+    def lost_reason(self) -> str | None:
+        """The first lost lease's reason, or ``None``."""
+        for lease in self.leases:
+            if lease.lost:
+                return lease.lost_reason or "expired"
+        return None
+
+    @property
+    def held(self) -> bool:
+        """``True`` while every key's lease is held."""
+        return all(lease.held for lease in self.leases)
+
+    def check(self) -> None:
+        """Raise :class:`~lockaspect.LockLost` unless every key's lease is held (see
+        :meth:`Lease.check`)."""
+        for lease in self.leases:
+            lease.check()
+
+    def __repr__(self) -> str:
+        state = "held" if self.held else (f"lost:{self.lost_reason}" if self.lost else "released")
+        return f"<MultiLease {list(self.keys)!r} {state}>"

@@ -15,6 +15,7 @@ __all__ = [
     "AcquireResult",
     "Backend",
     "Capability",
+    "MultiAcquireResult",
     "Notifier",
     "ReleaseResult",
     "RenewItem",
@@ -64,6 +65,24 @@ class AcquireResult(NamedTuple):
     holder_ttl: float | None = None
     replicas: int | None = None
     permits: int | None = None
+
+
+class MultiAcquireResult(NamedTuple):
+    """The store's answer to one all-or-nothing attempt on several keys.
+
+    Attributes:
+        acquired: Every key is held by the token now.
+        fencing_tokens: When acquired, each key's fencing token, in the keys' order.
+        busy: When not acquired, the key held by another owner.
+        holder_ttl: That holder's remaining lease in seconds, ``None`` when it has none.
+        replicas: As :attr:`AcquireResult.replicas`.
+    """
+
+    acquired: bool
+    fencing_tokens: tuple[int, ...] = ()
+    busy: str | None = None
+    holder_ttl: float | None = None
+    replicas: int | None = None
 
 
 class ReleaseResult(enum.IntEnum):
@@ -138,6 +157,13 @@ class Backend(Protocol):
 
     def unqueue(self, key: str, waiter: str, kind: str = "lock") -> None:
         """Take ``waiter`` off ``key``'s queue: it stopped waiting."""
+        ...
+
+    def multi_acquire(
+        self, keys: Sequence[str], token: str, lease: float, waiter: str | None = None
+    ) -> MultiAcquireResult:
+        """Take every lock of ``keys`` for ``token`` at once, or none: the first busy key and
+        its holder's TTL. With ``waiter``, a busy attempt queues it on that key."""
         ...
 
     def sem_acquire(

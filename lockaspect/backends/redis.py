@@ -39,7 +39,7 @@ from redis.retry import Retry
 from .._policy import FAIR_GONE_AFTER, FAIR_SUBSCRIBE_GRACE
 from ..errors import BackendError, ConfigurationError
 from ._channels import ChannelTable
-from .base import AcquireResult, Capability, ReleaseResult, RenewItem
+from .base import AcquireResult, Capability, MultiAcquireResult, ReleaseResult, RenewItem
 
 __all__ = ["LuaScript", "RedisBackend", "RedisNotifier", "load_script", "map_redis_error"]
 
@@ -310,6 +310,7 @@ class _RedisLocks:
         self._rw_acquire = LuaScript("rw_acquire.lua")
         self._rw_release = LuaScript("rw_release.lua")
         self._rw_held = LuaScript("rw_held.lua")
+        self._multi_acquire = LuaScript("multi_acquire.lua")
 
     def lock_key(self, key: str) -> str:
         return f"{self.namespace}{{{key}}}"
@@ -372,6 +373,22 @@ class _RedisLocks:
         if status == 0:
             return AcquireResult(False, holder_ttl=value / 1000.0)
         return AcquireResult(False, permits=value)
+
+    def _multi_request(
+        self, keys: Sequence[str], token: str, lease: float, waiter: str | None
+    ) -> tuple[tuple[bytes, ...], tuple[bytes, ...]]:
+        packed: list[bytes] = []
+        for key in keys:
+            lock = self._lock(key)
+            packed += (lock, lock + b":fence", lock + b":waiters")
+        return tuple(packed), (token.encode(), b"%d" % _ms(lease), (waiter or "").encode())
+
+    @staticmethod
+    def _multi_acquired(keys: Sequence[str], reply: list[int]) -> MultiAcquireResult:
+        if int(reply[0]) == 1:
+            return MultiAcquireResult(True, tuple(int(fence) for fence in reply[1:]))
+        ttl = int(reply[2])
+        return MultiAcquireResult(False, busy=keys[int(reply[1]) - 1], holder_ttl=None if ttl < 0 else ttl / 1000.0)
 
     @staticmethod
     def _sem_state(reply: list[int]) -> tuple[int | None, int]:
@@ -577,6 +594,20 @@ class RedisBackend(_RedisLocks):
             self._unqueue.run(self._wire, self.redis, keys, args)
         except RedisError as exc:
             raise map_redis_error(exc, key, "unqueue") from exc
+
+    def multi_acquire(
+        self, keys: Sequence[str], token: str, lease: float, waiter: str | None = None
+    ) -> MultiAcquireResult:
+        """Take every lock of ``keys`` for ``token``, all at once or none (multi_acquire.lua)."""
+        packed, args = self._multi_request(keys, token, lease, waiter)
+        try:
+            if self._wait_command is not None:
+                reply, acked = self._multi_acquire.run_then(self._wire, self.redis, packed, args, self._wait_command)
+                result = self._multi_acquired(keys, reply)
+                return result._replace(replicas=int(acked)) if result.acquired else result
+            return self._multi_acquired(keys, self._multi_acquire.run(self._wire, self.redis, packed, args))
+        except RedisError as exc:
+            raise map_redis_error(exc, keys[0], "acquire") from exc
 
     def sem_acquire(
         self, key: str, token: str, lease: float, permits: int, waiter: str | None = None, front: bool = False
@@ -1075,6 +1106,23 @@ class AsyncRedisBackend(_RedisLocks):
             await _run_async(self._unqueue, self._wire, self.redis, keys, args)
         except RedisError as exc:
             raise map_redis_error(exc, key, "unqueue") from exc
+
+    async def multi_acquire(
+        self, keys: Sequence[str], token: str, lease: float, waiter: str | None = None
+    ) -> MultiAcquireResult:
+        packed, args = self._multi_request(keys, token, lease, waiter)
+        try:
+            if self._wait_command is not None:
+                reply, acked = await _run_async_then(
+                    self._multi_acquire, self._wire, self.redis, packed, args, self._wait_command
+                )
+                result = self._multi_acquired(keys, reply)
+                return result._replace(replicas=int(acked)) if result.acquired else result
+            return self._multi_acquired(
+                keys, await _run_async(self._multi_acquire, self._wire, self.redis, packed, args)
+            )
+        except RedisError as exc:
+            raise map_redis_error(exc, keys[0], "acquire") from exc
 
     async def sem_acquire(
         self, key: str, token: str, lease: float, permits: int, waiter: str | None = None, front: bool = False

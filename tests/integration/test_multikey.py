@@ -1,0 +1,195 @@
+"""Multi-key locks against real servers: all or nothing, waiting on the busy key, no deadlock
+with overlapping sets from several processes, re-entry, renewal together, loss, async, and
+bad input."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from lockaspect import ConfigurationError, KeyTemplateError, LockClient, LockLost, LockNotAcquired, MultiLease
+from lockaspect.testing import LockServer
+
+LIVENESS = 30.0  # deadlock guard, not a speed expectation
+
+WORKER = """
+import random, sys, time
+import redis
+from lockaspect import LockClient
+
+url, namespace, sections, seed = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+raw = redis.Redis.from_url(url)
+rng = random.Random(seed)
+keys = [f"k{i}" for i in range(5)]
+with LockClient.from_url(url, namespace=namespace) as client:
+    for _ in range(sections):
+        chosen = rng.sample(keys, rng.choice([2, 3]))
+        with client.multi_lock(chosen, wait=None):
+            for key in chosen:  # non-atomic read-modify-write per key
+                value = int(raw.get(namespace + "count:" + key) or 0)
+                time.sleep(0.0005)
+                raw.set(namespace + "count:" + key, value + 1)
+        for key in chosen:
+            raw.incr(namespace + "expected:" + key)
+"""
+
+
+def wait_until(predicate: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + LIVENESS
+    while not predicate():
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.005)
+
+
+@pytest.fixture
+def client(lock_server: LockServer, namespace: str) -> Iterator[LockClient]:
+    with LockClient.from_url(lock_server.url, namespace=namespace, watchdog_lease=1.0) as made:
+        yield made
+
+
+def hold(client: LockClient, key: str) -> tuple[threading.Event, threading.Thread]:
+    """Hold ``key`` on a thread of its own until the returned event is set."""
+    held, done = threading.Event(), threading.Event()
+
+    def run() -> None:
+        with client.lock(key):
+            held.set()
+            done.wait(3 * LIVENESS)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    assert held.wait(LIVENESS)
+    return done, thread
+
+
+class TestAllOrNothing:
+    def test_takes_every_key_deduplicated_and_sorted(self, client: LockClient) -> None:
+        with client.multi_lock(["b", "a", "b"]) as multi:
+            assert isinstance(multi, MultiLease)
+            assert multi.keys == ("a", "b")
+            assert set(multi.fencing_tokens) == {"a", "b"}
+            for key in ("a", "b"):
+                assert client.backend.redis.exists(client.backend.lock_key(key)) == 1
+        for key in ("a", "b"):
+            assert client.backend.redis.exists(client.backend.lock_key(key)) == 0
+
+    def test_one_busy_key_means_none_is_taken(self, client: LockClient) -> None:
+        done, thread = hold(client, "b")
+        with pytest.raises(LockNotAcquired) as caught, client.multi_lock(["a", "b", "c"]):
+            pytest.fail("b is held")
+        assert caught.value.key == "b"
+        assert caught.value.holder_ttl is not None
+        assert client.backend.redis.exists(client.backend.lock_key("a")) == 0
+        assert client.backend.redis.exists(client.backend.lock_key("c")) == 0
+        done.set()
+        thread.join(LIVENESS)
+
+    def test_a_waiter_holds_nothing_until_it_holds_everything(self, client: LockClient) -> None:
+        done, thread = hold(client, "b")
+        got: list[dict[str, int]] = []
+        waiter = threading.Thread(target=lambda: got.append(_take(client, ["a", "b"])))
+        waiter.start()
+        wait_until(lambda: client.backend.redis.llen(client.backend.queue_key("b")) == 1, "the waiter queued on b")
+        assert client.backend.redis.exists(client.backend.lock_key("a")) == 0, "nothing is held while waiting"
+        done.set()
+        waiter.join(LIVENESS)
+        thread.join(LIVENESS)
+        assert len(got) == 1
+        assert set(got[0]) == {"a", "b"}
+        assert client.backend.redis.llen(client.backend.queue_key("b")) == 0
+
+
+def _take(client: LockClient, keys: list[str]) -> dict[str, int]:
+    with client.multi_lock(keys, wait=LIVENESS) as multi:
+        return multi.fencing_tokens
+
+
+class TestAcrossProcesses:
+    def test_overlapping_sets_from_four_processes_never_deadlock_or_lose_an_update(
+        self, lock_server: LockServer, namespace: str
+    ) -> None:
+        raw = lock_server.redis()
+        procs = [
+            subprocess.Popen([sys.executable, "-c", WORKER, lock_server.url, namespace, "25", str(seed)])
+            for seed in range(4)
+        ]
+        for proc in procs:
+            assert proc.wait(LIVENESS * 3) == 0
+        for i in range(5):
+            expected = int(raw.get(f"{namespace}expected:k{i}") or 0)
+            assert int(raw.get(f"{namespace}count:k{i}") or 0) == expected
+
+
+class TestReentryAndRenewal:
+    def test_a_key_of_the_set_re_enters_and_the_whole_set_re_enters(self, client: LockClient) -> None:
+        with client.multi_lock(["a", "b"]) as multi:
+            with client.lock("a") as inner:
+                assert inner is multi.leases[0]
+            with client.multi_lock(["b", "a"]) as again:
+                assert again.leases == multi.leases
+        assert client.stats().held == 0
+
+    def test_holding_part_of_the_set_is_refused_before_any_io(self, client: LockClient, commands: Any) -> None:
+        with (
+            client.lock("x"),
+            commands.assert_none(),
+            pytest.raises(ConfigurationError, match="deadlock"),
+            client.multi_lock(["x", "y"]),
+        ):
+            pytest.fail("refused")
+
+    def test_the_watchdog_renews_every_key_together(self, client: LockClient) -> None:
+        with client.multi_lock(["r1", "r2", "r3"]) as multi:
+            wait_until(lambda: client.stats().renewals >= 6, "two renewals of each key")
+            stats = client.stats()
+            assert stats.renewal_round_trips * 3 <= stats.renewals + 3, "the keys go in the same round trips"
+            assert not multi.lost
+        assert client.stats().lost == 0
+
+    def test_losing_one_key_fails_the_block(self, client: LockClient) -> None:
+        def lose_l2(multi: MultiLease) -> None:
+            client.backend.redis.delete(client.backend.lock_key("l2"))
+            wait_until(lambda: multi.lost, "the watchdog to find l2 gone")
+
+        with pytest.raises(LockLost) as caught, client.multi_lock(["l1", "l2"]) as multi:
+            lose_l2(multi)
+        assert caught.value.key == "l2"
+        assert client.backend.redis.exists(client.backend.lock_key("l1")) == 0, "the rest is released"
+
+
+class TestAsync:
+    def test_async_with_and_a_lost_key_cancels_the_block(self, client: LockClient) -> None:
+        async def main() -> tuple[dict[str, int], BaseException | None]:
+            async with client.multi_lock(["p", "q"]) as multi:
+                tokens = multi.fencing_tokens
+            error: BaseException | None = None
+            try:
+                async with client.multi_lock(["p", "q"]):
+                    client.backend.redis.delete(client.backend.lock_key("q"))
+                    await asyncio.sleep(LIVENESS)  # cancelled when the watchdog finds q gone
+            except LockLost as exc:
+                error = exc
+            await client.aclose()
+            return tokens, error
+
+        tokens, error = asyncio.run(main())
+        assert set(tokens) == {"p", "q"}
+        assert isinstance(error, LockLost)
+        assert isinstance(error.__cause__, asyncio.CancelledError)
+
+
+class TestBadInput:
+    @pytest.mark.parametrize(
+        ("keys", "error"),
+        [([], ConfigurationError), ("ab", TypeError), ([1], TypeError), (["{bad}"], KeyTemplateError)],
+    )
+    def test_rejected_at_once_before_any_io(self, client: LockClient, commands: Any, keys: Any, error: Any) -> None:
+        with commands.assert_none(), pytest.raises(error):
+            client.multi_lock(keys)
