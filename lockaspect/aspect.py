@@ -82,6 +82,36 @@ class _Resolved:
     executor_set: bool
     on_failure: Callable[[FailureContext], Any] | None
     generation: int
+    #: A multi-key lock: its key templates, or a function of the bound arguments returning the keys.
+    templates: tuple[KeyTemplate, ...] = ()
+    keys_fn: Callable[[Mapping[str, Any]], Any] | None = None
+
+    @property
+    def multi(self) -> bool:
+        return bool(self.templates) or self.keys_fn is not None
+
+
+class _Keys:
+    """``keys=`` of the decorator: several key templates, or a function returning the keys."""
+
+    __slots__ = ("fn", "templates")
+
+    def __init__(self, value: object) -> None:
+        self.fn: Callable[[Mapping[str, Any]], Any] | None = None
+        self.templates: tuple[str, ...] = ()
+        if callable(value):
+            self.fn = value
+            return
+        if isinstance(value, str) or not isinstance(value, (list, tuple)):
+            raise TypeError(f"keys must be a list of key templates or a callable, got {type(value).__name__}")
+        if not value:
+            raise ConfigurationError("keys must name at least one key")
+        for template in value:
+            if not isinstance(template, str):
+                raise TypeError(f"every key template must be a str, got {type(template).__name__}")
+            if not template:
+                raise KeyTemplateError("key template is empty", template=template)
+        self.templates = tuple(value)
 
 
 class _LockAspect:
@@ -130,9 +160,16 @@ class _LockAspect:
                 policy.pop("key", None)
             options.update(policy)
         options.update(self._explicit)
-        if key is None:
+        multi: tuple[KeyTemplate, ...] = ()
+        keys_fn = None
+        if isinstance(key, _Keys):
+            multi = tuple(KeyTemplate.parse(t, names=self._names) for t in key.templates)
+            keys_fn = key.fn
+            template: KeyTemplate | None = None
+            key_fn = None
+        elif key is None:
             key = f"{getattr(self.function, '__module__', '?')}.{self._names.qualname}"
-            template: KeyTemplate | None = KeyTemplate.parse(key.replace("<", "<<").replace(">", ">>"))
+            template = KeyTemplate.parse(key.replace("<", "<<").replace(">", ">>"))
             key_fn = None
         elif isinstance(key, str):
             template, key_fn = KeyTemplate.parse(key, names=self._names), None
@@ -162,9 +199,41 @@ class _LockAspect:
             lease = client.watchdog_lease if client is not None else 30.0
             tick = client.tick if client is not None else 0.1
             _policy.check_margin(lease, spec.delay_weight, tick)
-        resolved = _Resolved(spec, template, cast(Any, key_fn), executor, executor_set, on_failure, generation)
+        if (multi or keys_fn is not None) and spec.kind != "lock":
+            raise ConfigurationError(
+                "keys= takes a plain lock on every key: it cannot be fair, a semaphore or read-write"
+            )
+        if (multi or keys_fn is not None) and executor is not None:
+            raise ConfigurationError("keys= runs the body in the caller (inline): an executor is not supported yet")
+        resolved = _Resolved(
+            spec, template, cast(Any, key_fn), executor, executor_set, on_failure, generation, multi, keys_fn
+        )
         self._resolved = resolved
         return resolved
+
+    def render_all(self, resolved: _Resolved, names: dict[str, Any], skip: int) -> tuple[str, ...]:
+        """A multi-key lock's keys for one call (checked; at least one)."""
+        if resolved.keys_fn is not None:
+            try:
+                keys = resolved.keys_fn(names)
+            except Exception as exc:
+                raise KeyTemplateError(
+                    f"keys function for {self._names.qualname}() raised {type(exc).__name__}: {exc}"
+                ) from exc
+            if isinstance(keys, str) or not isinstance(keys, (list, tuple, set, frozenset)):
+                raise KeyTemplateError(
+                    f"keys function for {self._names.qualname}() must return a list of keys, got {type(keys).__name__}"
+                )
+            rendered = [check_key(key) for key in keys]
+        else:
+            rendered = []
+            for template in resolved.templates:
+                if template.names and not names.keys() >= template.names:
+                    names = self._names.extend(dict(names), template.names, skip)
+                rendered.append(template.render(names))
+        if not rendered:
+            raise KeyTemplateError(f"keys function for {self._names.qualname}() returned no key")
+        return tuple(sorted(set(rendered)))
 
     def render(self, resolved: _Resolved, names: dict[str, Any], skip: int) -> str:
         if resolved.template is not None:
@@ -185,7 +254,7 @@ class _LockAspect:
 
     def prepare(
         self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[_Resolved, str, dict[str, Any]]:
+    ) -> tuple[_Resolved, Any, dict[str, Any]]:
         """Per call, before any I/O: the options, the bound arguments and the rendered key."""
         resolved = self.resolve(at_call=True)
         assert resolved is not None
@@ -195,17 +264,22 @@ class _LockAspect:
             names, skip = self._names.bind(args, kwargs), int(self._names.method_like)
         else:
             names, skip = self._names.bind((instance, *args), kwargs), 1
+        if resolved.multi:
+            return resolved, self.render_all(resolved, names, skip), names
         return resolved, self.render(resolved, names, skip), names
 
-    def failure(self, resolved: _Resolved, key: str, names: dict[str, Any]) -> Callable[[LockNotAcquired], Any] | None:
-        """``on_failure`` bound to this call (its result may be awaitable for async calls)."""
+    def failure(
+        self, resolved: _Resolved, key: str | None, names: dict[str, Any]
+    ) -> Callable[[LockNotAcquired], Any] | None:
+        """``on_failure`` bound to this call (its result may be awaitable for async calls);
+        ``key=None``: the busy key the error names (a multi-key lock)."""
         on_failure = resolved.on_failure
         if on_failure is None:
             return None
         qualname = self._names.qualname
 
         def failed(exc: LockNotAcquired) -> Any:
-            return on_failure(FailureContext(key, qualname, names, exc.waited, exc))
+            return on_failure(FailureContext(key or exc.key or "", qualname, names, exc.waited, exc))
 
         return failed
 
@@ -214,6 +288,8 @@ class _LockAspect:
     ) -> Any:
         resolved, key, names = self.prepare(instance, args, kwargs)
         client = self.client or config.default_client()
+        if resolved.multi:
+            return client._run_multi(key, resolved.spec, wrapped, args, kwargs, self.failure(resolved, None, names))
         executor = resolved.executor if resolved.executor_set else client.executor
         return client._run(key, resolved.spec, executor, wrapped, args, kwargs, self.failure(resolved, key, names))
 
@@ -222,6 +298,9 @@ class _LockAspect:
     ) -> Any:
         resolved, key, names = self.prepare(instance, args, kwargs)
         client = self.client or config.default_client()
+        if resolved.multi:
+            failure = self.failure(resolved, None, names)
+            return await client._arun_multi(key, resolved.spec, wrapped, args, kwargs, failure)
         return await client._arun(key, resolved.spec, wrapped, args, kwargs, self.failure(resolved, key, names))
 
 
@@ -240,6 +319,7 @@ def distributed_lock(
     wait_strategy: str = _UNSET,
     fair: bool = _UNSET,
     mode: str | None = _UNSET,
+    keys: list[str] | tuple[str, ...] | Callable[[Mapping[str, Any]], Any] | None = None,
 ) -> Callable[[F], F]:
     """Run the decorated function under a distributed lock named by ``key``.
 
@@ -283,6 +363,12 @@ def distributed_lock(
         mode: ``"read"`` or ``"write"`` for a read-write lock on ``key``: many readers or
             one writer (see :meth:`LockClient.rw_lock <lockaspect.LockClient.rw_lock>`).
             Default ``None``: a plain lock.
+        keys: Instead of ``key``, several keys to lock all at once (see
+            :meth:`LockClient.multi_lock <lockaspect.LockClient.multi_lock>`): a list of key
+            templates (``["account:<src>", "account:<dst>"]``), or a callable that takes the
+            bound arguments and returns a list of keys (for a set that depends on the call,
+            e.g. ``lambda a: [f"sku:{s}" for s in a["skus"]]``). The body runs inline;
+            ``on_failure`` gets the busy key.
 
     Raises:
         KeyTemplateError: At decoration, for a malformed template or a name the function
@@ -317,16 +403,22 @@ def distributed_lock(
         wait_strategy=wait_strategy,
         fair=fair,
         mode=mode,
+        keys=keys,
     )
 
 
 def _decorator(key: Any, client: Any, policy: Any, **options: Any) -> Callable[[F], F]:
     """Check the options given explicitly (``_UNSET``: not given, a policy may supply it) and
     return the decorator (shared by the lock and the semaphore)."""
+    keys = options.pop("keys", None)
     if key is not None and not isinstance(key, str) and not callable(key):
         raise TypeError(f"key must be a template string or a callable, got {type(key).__name__}")
     if isinstance(key, str) and not key:
         raise KeyTemplateError("key template is empty", template=key)
+    if keys is not None:
+        if key is not None:
+            raise ConfigurationError("give key= or keys=, not both")
+        key = _Keys(keys)
     if client is not None and not isinstance(client, LockClient):
         raise TypeError(f"client must be a LockClient, got {type(client).__name__}")
     if policy is not None and (not isinstance(policy, str) or not policy):

@@ -204,6 +204,11 @@ class _Plan(NamedTuple):
     delay_weight: float
 
 
+def _with_result(lost: LockLost, result: Any) -> LockLost:
+    """``lost`` again, carrying the body's result (as a single-key call's LockLost does)."""
+    return LockLost(str(lost), key=lost.key, reason=lost.reason, lease=lost.lease, result=result)
+
+
 def _busy(result: MultiAcquireResult) -> AcquireResult:
     """A failed multi-key attempt as the busy answer for its busy key."""
     return AcquireResult(False, holder_ttl=result.holder_ttl)
@@ -893,6 +898,63 @@ class LockClient:
         except BaseException:
             self._discard(key, token, spec)
             raise
+
+    def _run_multi(
+        self,
+        keys: tuple[str, ...],
+        spec: LockSpec,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        on_failure: Callable[[LockNotAcquired], Any] | None,
+    ) -> Any:
+        """A decorated call with ``keys=``: the body runs inline under :meth:`multi_lock`."""
+        block = MultiLockBlock(self, keys, spec)
+        try:
+            block.__enter__()
+        except LockNotAcquired as exc:
+            if on_failure is None:
+                raise
+            return on_failure(exc)
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException as exc:
+            block.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+        try:
+            block.__exit__(None, None, None)
+        except LockLost as lost:
+            raise _with_result(lost, result) from None
+        return result
+
+    async def _arun_multi(
+        self,
+        keys: tuple[str, ...],
+        spec: LockSpec,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        on_failure: Callable[[LockNotAcquired], Any] | None,
+    ) -> Any:
+        """:meth:`_run_multi` for ``async def``: the calling task is cancelled if a lease is lost."""
+        block = MultiLockBlock(self, keys, spec)
+        try:
+            await block.__aenter__()
+        except LockNotAcquired as exc:
+            if on_failure is None:
+                raise
+            outcome = on_failure(exc)
+            return await outcome if inspect.isawaitable(outcome) else outcome
+        try:
+            result = await fn(*args, **kwargs)
+        except BaseException as exc:
+            await block.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        try:
+            await block.__aexit__(None, None, None)
+        except LockLost as lost:
+            raise _with_result(lost, result) from None
+        return result
 
     def _acquire_multi(self, keys: tuple[str, ...], spec: LockSpec) -> MultiLease:
         """Take every key at once (see :meth:`multi_lock`), or re-enter them all."""

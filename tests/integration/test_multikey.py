@@ -10,11 +10,22 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 
-from lockaspect import ConfigurationError, KeyTemplateError, LockClient, LockLost, LockNotAcquired, MultiLease
+from lockaspect import (
+    ConfigurationError,
+    FailureContext,
+    KeyTemplateError,
+    LockClient,
+    LockLost,
+    LockNotAcquired,
+    MultiLease,
+    current_lease,
+    distributed_lock,
+)
 from lockaspect.testing import LockServer
 
 LIVENESS = 30.0  # deadlock guard, not a speed expectation
@@ -193,3 +204,82 @@ class TestBadInput:
     def test_rejected_at_once_before_any_io(self, client: LockClient, commands: Any, keys: Any, error: Any) -> None:
         with commands.assert_none(), pytest.raises(error):
             client.multi_lock(keys)
+
+
+class TestDecorator:
+    def test_key_templates_lock_every_key_for_the_call(self, client: LockClient) -> None:
+        seen: list[tuple[int, int]] = []
+
+        @distributed_lock(keys=["account:<src>", "account:<dst>"], client=client)
+        def transfer(src: int, dst: int) -> str:
+            redis = client.backend.redis
+            seen.append(
+                (
+                    redis.exists(client.backend.lock_key(f"account:{src}")),
+                    redis.exists(client.backend.lock_key(f"account:{dst}")),
+                )
+            )
+            return "done"
+
+        assert transfer(1, 2) == "done"
+        assert seen == [(1, 1)]
+        assert client.stats().held == 0
+
+    def test_a_keys_function_and_on_failure_with_the_busy_key(self, client: LockClient) -> None:
+        failures: list[FailureContext] = []
+
+        @distributed_lock(keys=lambda a: [f"sku:{s}" for s in a["skus"]], client=client, on_failure=failures.append)
+        def reserve(skus: list[str]) -> str:
+            return ",".join(skus)
+
+        assert reserve(["x", "y"]) == "x,y"
+        done, thread = hold(client, "sku:y")
+        assert reserve(["x", "y"]) is None
+        done.set()
+        thread.join(LIVENESS)
+        assert len(failures) == 1
+        assert failures[0].key == "sku:y"
+
+    def test_async_def(self, client: LockClient) -> None:
+        @distributed_lock(keys=["a:<n>", "b:<n>"], client=client)
+        async def work(n: int) -> tuple[str, ...]:
+            lease = current_lease()
+            assert lease is not None
+            return tuple(sorted(client.backend.redis.keys(client.backend.namespace + "*")))
+
+        async def main() -> tuple[str, ...]:
+            result = await work(3)
+            await client.aclose()
+            return result
+
+        assert len(asyncio.run(main())) >= 2
+
+    @pytest.mark.parametrize(
+        ("options", "error"),
+        [
+            ({"keys": []}, ConfigurationError),
+            ({"keys": "a"}, TypeError),
+            ({"keys": [1]}, TypeError),
+            ({"keys": ["a"], "key": "b"}, ConfigurationError),
+            ({"keys": ["a", "b"], "fair": True}, ConfigurationError),
+            ({"keys": ["a:<nope>"]}, KeyTemplateError),
+        ],
+    )
+    def test_bad_keys_are_rejected_at_decoration(self, client: LockClient, options: dict[str, Any], error: Any) -> None:
+        with pytest.raises(error):
+
+            @distributed_lock(client=client, **options)
+            def work(n: int) -> None: ...
+
+    def test_a_keys_function_returning_no_list_fails_before_any_io(self, client: LockClient, commands: Any) -> None:
+        @distributed_lock(keys=lambda a: "not-a-list", client=client)
+        def work() -> None: ...
+
+        with commands.assert_none(), pytest.raises(KeyTemplateError):
+            work()
+
+    def test_an_executor_is_refused_at_decoration(self, client: LockClient) -> None:
+        with ThreadPoolExecutor(max_workers=1) as pool, pytest.raises(ConfigurationError, match="executor"):
+
+            @distributed_lock(keys=["a", "b"], client=client, executor=pool)
+            def work() -> None: ...
