@@ -37,6 +37,7 @@ def kinds(client: LockClient) -> dict[str, Callable[[str], Any]]:
         "client.semaphore(4)": lambda key: client.semaphore(key, permits=4),
         "client.rw_lock().read()": lambda key: client.rw_lock(key).read(),
         "client.rw_lock().write()": lambda key: client.rw_lock(key).write(),
+        "client.multi_lock(2 keys)": lambda key: client.multi_lock([key, key + ":2"]),
     }
 
 
