@@ -584,6 +584,58 @@ class LockClient:
             backend.close()
             raise
 
+    @classmethod
+    def from_urls(
+        cls,
+        urls: Sequence[str],
+        *,
+        namespace: str = "lockaspect:",
+        watchdog_lease: float = 30.0,
+        tick: float = 0.1,
+        delay_weight: float | None = None,
+        executor: Executor | str | None = None,
+        **redis_options: Any,
+    ) -> LockClient:
+        """A client whose locks are RedLock locks over several independent servers.
+
+        A lock is held when a majority of the servers granted it within its validity time
+        (the lease minus the time the requests took minus a clock-drift allowance of 1% +
+        2 ms); otherwise it is released on every server. Renewals count when a majority
+        renewed; releases go to every server; waiters poll (random, PTTL-bounded delays).
+        Read docs/concepts/redlock.md before relying on it: it assumes bounded clock drift
+        and pauses, and its fencing tokens are not strictly increasing.
+
+        Args:
+            urls: At least 3 server URLs (5 is usual: it survives 2 servers down), each an
+                independent master, not a replica of another.
+            redis_options: As for :meth:`from_url`; ``socket_timeout`` and
+                ``socket_connect_timeout`` default to 0.25 s here, so a dead server costs
+                little.
+
+        Only plain locks (``lock``, the decorator without ``fair``/``mode``/``keys`` and
+        not a semaphore) work on such a client; the others raise
+        :class:`ConfigurationError` when used, before any I/O.
+        """
+        if isinstance(urls, str) or not all(isinstance(url, str) for url in urls):
+            raise TypeError("urls must be a list of URL strings")
+        for url in urls:
+            if urlsplit(url).scheme not in _SCHEMES:
+                raise ConfigurationError(f"unsupported lock store URL {url!r}")
+        if len(set(urls)) != len(urls):
+            raise ConfigurationError("RedLock needs distinct servers: a URL is repeated")
+        if not isinstance(namespace, str) or "{" in namespace or "}" in namespace:
+            raise ConfigurationError(f"namespace must be a str without '{{' or '}}', got {namespace!r}")
+        from .backends.redlock import RedlockBackend
+
+        if len(urls) < 3:
+            raise ConfigurationError(f"RedLock needs at least 3 independent servers, got {len(urls)}")
+        backend = RedlockBackend.from_urls(list(urls), namespace=namespace, **redis_options)
+        try:
+            return cls(backend, watchdog_lease=watchdog_lease, tick=tick, delay_weight=delay_weight, executor=executor)
+        except BaseException:
+            backend.close()
+            raise
+
     # -- public API -------------------------------------------------------------------
 
     def lock(

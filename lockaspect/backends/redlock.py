@@ -1,0 +1,285 @@
+"""RedLock: one lock over several independent Redis or Valkey masters.
+
+The algorithm Redis's documentation describes: an acquisition asks every node with the same
+owner token and lease, and holds the lock only if a majority granted it within the
+validity time (the lease minus the time the round trips took minus a clock-drift
+allowance); otherwise it releases on every node. Releases go to every node; a renewal counts
+as renewed when a majority renewed it. Waiters poll with random, PTTL-bounded delays (the
+nodes' release messages are not used: a message from one node says nothing about the
+others).
+
+What it does not guarantee, and why fencing is still needed, is in docs/concepts/redlock.md.
+Each node is a :class:`~lockaspect.backends.redis.RedisBackend` running the same Lua
+scripts as a single-server lock; the lock family beyond the plain lock (fair, semaphore,
+read-write, multi-key) and ``wait_replicas`` are single-server features.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from ..errors import BackendError, ConfigurationError
+from .base import AcquireResult, Capability, MultiAcquireResult, ReleaseResult, RenewItem
+from .redis import AsyncRedisBackend, RedisBackend
+
+__all__ = ["AsyncRedlockBackend", "RedlockBackend"]
+
+#: Clock-drift allowance: this fraction of the lease plus DRIFT_MIN seconds (the Redis
+#: documentation's figures: 1% plus 2 ms).
+DRIFT_FACTOR = 0.01
+DRIFT_MIN = 0.002
+
+
+class _Quorum:
+    """The counting both twins share (no I/O)."""
+
+    capabilities = Capability.RENEWABLE | Capability.BATCH_RENEW
+
+    def __init__(self, size: int) -> None:
+        if size < 3:
+            raise ConfigurationError(f"RedLock needs at least 3 independent nodes, got {size}")
+        self.size = size
+        self.quorum = size // 2 + 1
+
+    def validity(self, lease: float, elapsed: float) -> float:
+        return lease - elapsed - (lease * DRIFT_FACTOR + DRIFT_MIN)
+
+    def acquired(
+        self, key: str, lease: float, elapsed: float, replies: Sequence[AcquireResult | BaseException]
+    ) -> AcquireResult:
+        """The outcome of one round of acquire attempts (``BaseException``: that node failed)."""
+        granted = [r for r in replies if isinstance(r, AcquireResult) and r.acquired]
+        reachable = sum(1 for r in replies if isinstance(r, AcquireResult))
+        if len(granted) >= self.quorum and self.validity(lease, elapsed) > 0:
+            # Each node counts its own fencing tokens: the largest of a majority. Two
+            # majorities share a node whose counter grew, but this is not a strict order (see
+            # docs/concepts/redlock.md).
+            return AcquireResult(True, max(r.fencing_token for r in granted), 1)
+        if reachable < self.quorum:
+            raise BackendError(
+                f"RedLock on {key!r}: only {reachable} of {self.size} nodes answered, {self.quorum} are needed",
+                key=key,
+            )
+        ttls = [r.holder_ttl for r in replies if isinstance(r, AcquireResult) and r.holder_ttl is not None]
+        return AcquireResult(False, holder_ttl=min(ttls) if ttls else None)
+
+    def released(self, key: str, replies: Sequence[ReleaseResult | BaseException]) -> ReleaseResult:
+        codes = [r for r in replies if isinstance(r, ReleaseResult)]
+        for code in (ReleaseResult.RELEASED, ReleaseResult.STILL_HELD):
+            if codes.count(code) >= self.quorum:
+                return code
+        if len(codes) < self.quorum:
+            raise BackendError(f"RedLock release of {key!r}: only {len(codes)} of {self.size} nodes answered", key=key)
+        return ReleaseResult.NOT_OWNER
+
+    def reentered(self, replies: Sequence[AcquireResult | BaseException]) -> AcquireResult:
+        granted = [r for r in replies if isinstance(r, AcquireResult) and r.acquired]
+        if len(granted) >= self.quorum:
+            return AcquireResult(True, 0, max(r.holds for r in granted))
+        return AcquireResult(False)
+
+    def renewed(self, count: int, replies: Sequence[list[bool] | BaseException]) -> list[bool]:
+        answers = [r for r in replies if isinstance(r, list)]
+        if len(answers) < self.quorum:
+            failed = next((r for r in replies if isinstance(r, BaseException)), None)
+            raise BackendError(
+                f"RedLock renewal: only {len(answers)} of {self.size} nodes answered ({failed})", key=None
+            )
+        return [sum(1 for answer in answers if answer[i]) >= self.quorum for i in range(count)]
+
+    @staticmethod
+    def single_server(what: str) -> ConfigurationError:
+        return ConfigurationError(f"{what} needs a single server: RedLock supports plain locks only")
+
+
+class RedlockBackend(_Quorum):
+    """A lock store made of several independent Redis or Valkey masters (RedLock).
+
+    Args:
+        nodes: At least 3 :class:`RedisBackend` on independent servers (not replicas of each
+            other), all with the same namespace. 5 is the usual choice: it survives 2 nodes
+            down.
+    """
+
+    def __init__(self, nodes: Sequence[RedisBackend]) -> None:
+        super().__init__(len(nodes))
+        self.nodes = tuple(nodes)
+        self.namespace = self.nodes[0].namespace
+
+    @classmethod
+    def from_urls(cls, urls: Sequence[str], *, namespace: str = "lockaspect:", **options: Any) -> RedlockBackend:
+        # A dead node must cost little: short timeouts by default (redis-py options win).
+        options.setdefault("socket_timeout", 0.25)
+        options.setdefault("socket_connect_timeout", 0.25)
+        return cls([RedisBackend.from_url(url, namespace=namespace, **options) for url in urls])
+
+    def asyncio_twin(self) -> AsyncRedlockBackend:
+        return AsyncRedlockBackend([node.asyncio_twin() for node in self.nodes])
+
+    def lock_key(self, key: str) -> str:
+        return self.nodes[0].lock_key(key)
+
+    @staticmethod
+    def _each(calls: Any) -> list[Any]:
+        replies: list[Any] = []
+        for call in calls:
+            try:
+                replies.append(call())
+            except BackendError as exc:
+                replies.append(exc)
+        return replies
+
+    def acquire(
+        self,
+        key: str,
+        token: str,
+        lease: float,
+        waiter: str | None = None,
+        front: bool = False,
+        fair: bool = False,
+    ) -> AcquireResult:
+        if fair:
+            raise self.single_server("a fair lock")
+        start = time.monotonic()
+        replies = self._each(lambda node=node: node.acquire(key, token, lease) for node in self.nodes)
+        try:
+            result = self.acquired(key, lease, time.monotonic() - start, replies)
+        except BackendError:
+            self._release_everywhere(key, token)
+            raise
+        if not result.acquired:
+            self._release_everywhere(key, token)  # the minority that granted it must not keep it
+        return result
+
+    def _release_everywhere(self, key: str, token: str) -> None:
+        self._each(lambda node=node: node.release(key, token) for node in self.nodes)
+
+    def release(self, key: str, token: str, fair: bool = False) -> ReleaseResult:
+        return self.released(key, self._each(lambda node=node: node.release(key, token) for node in self.nodes))
+
+    def reenter(self, key: str, token: str) -> AcquireResult:
+        return self.reentered(self._each(lambda node=node: node.reenter(key, token) for node in self.nodes))
+
+    def renew(self, leases: Sequence[RenewItem]) -> list[bool]:
+        if not leases:
+            return []
+        return self.renewed(len(leases), self._each(lambda node=node: node.renew(leases) for node in self.nodes))
+
+    def unqueue(self, key: str, waiter: str, kind: str = "lock") -> None:
+        """Nothing to do: RedLock waiters never queue."""
+
+    def notifier(self) -> None:
+        return None
+
+    def multi_acquire(
+        self, keys: Sequence[str], token: str, lease: float, waiter: str | None = None
+    ) -> MultiAcquireResult:
+        raise self.single_server("a multi-key lock")
+
+    def sem_acquire(self, *args: Any, **kwargs: Any) -> AcquireResult:
+        raise self.single_server("a semaphore")
+
+    def sem_release(self, key: str, token: str) -> ReleaseResult:
+        raise self.single_server("a semaphore")
+
+    def sem_reenter(self, key: str, token: str) -> AcquireResult:
+        raise self.single_server("a semaphore")
+
+    def sem_state(self, key: str, permits: int | None = None) -> tuple[int | None, int]:
+        raise self.single_server("a semaphore")
+
+    def rw_acquire(self, *args: Any, **kwargs: Any) -> AcquireResult:
+        raise self.single_server("a read-write lock")
+
+    def rw_release(self, key: str, token: str, mode: str) -> ReleaseResult:
+        raise self.single_server("a read-write lock")
+
+    def rw_held(self, key: str, token: str, mode: str) -> AcquireResult:
+        raise self.single_server("a read-write lock")
+
+    def wait_for_replicas(self, replicas: int, timeout: float) -> None:
+        raise self.single_server("wait_replicas")
+
+    def close(self) -> None:
+        for node in self.nodes:
+            node.close()
+
+    def _reset_after_fork(self) -> None:
+        for node in self.nodes:
+            node._reset_after_fork()
+
+
+class AsyncRedlockBackend(_Quorum):
+    """:class:`RedlockBackend` for one event loop: the nodes are asked concurrently."""
+
+    def __init__(self, nodes: Sequence[AsyncRedisBackend]) -> None:
+        super().__init__(len(nodes))
+        self.nodes = tuple(nodes)
+
+    @staticmethod
+    async def _each(calls: Any) -> list[Any]:
+        async def one(call: Any) -> Any:
+            try:
+                return await call()
+            except BackendError as exc:
+                return exc
+
+        return list(await asyncio.gather(*(one(call) for call in calls)))
+
+    async def acquire(
+        self,
+        key: str,
+        token: str,
+        lease: float,
+        waiter: str | None = None,
+        front: bool = False,
+        fair: bool = False,
+    ) -> AcquireResult:
+        if fair:
+            raise self.single_server("a fair lock")
+        start = time.monotonic()
+        replies = await self._each(lambda node=node: node.acquire(key, token, lease) for node in self.nodes)
+        try:
+            result = self.acquired(key, lease, time.monotonic() - start, replies)
+        except BackendError:
+            await self._release_everywhere(key, token)
+            raise
+        if not result.acquired:
+            await self._release_everywhere(key, token)
+        return result
+
+    async def _release_everywhere(self, key: str, token: str) -> None:
+        await self._each(lambda node=node: node.release(key, token) for node in self.nodes)
+
+    async def release(self, key: str, token: str, fair: bool = False) -> ReleaseResult:
+        return self.released(key, await self._each(lambda node=node: node.release(key, token) for node in self.nodes))
+
+    async def reenter(self, key: str, token: str) -> AcquireResult:
+        return self.reentered(await self._each(lambda node=node: node.reenter(key, token) for node in self.nodes))
+
+    async def renew(self, leases: Sequence[RenewItem]) -> list[bool]:
+        if not leases:
+            return []
+        return self.renewed(len(leases), await self._each(lambda node=node: node.renew(leases) for node in self.nodes))
+
+    async def unqueue(self, key: str, waiter: str, kind: str = "lock") -> None:
+        """Nothing to do: RedLock waiters never queue."""
+
+    def notifier(self) -> None:
+        return None
+
+    async def multi_acquire(self, *args: Any, **kwargs: Any) -> MultiAcquireResult:
+        raise self.single_server("a multi-key lock")
+
+    async def sem_acquire(self, *args: Any, **kwargs: Any) -> AcquireResult:
+        raise self.single_server("a semaphore")
+
+    async def rw_acquire(self, *args: Any, **kwargs: Any) -> AcquireResult:
+        raise self.single_server("a read-write lock")
+
+    async def aclose(self) -> None:
+        for node in self.nodes:
+            await node.aclose()
