@@ -4,7 +4,9 @@
 2. a read-heavy workload (95% reads, 5% writes, 1 ms sections) from P processes on one key:
    the read-write lock against the mutex taking every section exclusively (what a user
    without a read-write lock would do). Fair-lock contention figures come from
-   ``bench_async.py --libraries la-sync,la-fair,prl``.
+   ``bench_async.py --libraries la-sync,la-fair,prl``;
+3. RedLock over 5 local servers: lockaspect's ``LockClient.from_urls`` against pottery's
+   ``Redlock`` (the Python peer), uncontended cycles, relative to lockaspect's single-server lock.
 
     python bench/bench_kinds.py [--cycles 5000] [--rounds 5] [--procs 4] [--seconds 3] [--url redis://...]
 """
@@ -92,6 +94,36 @@ def contend(url: str, how: str, procs: int, seconds: float) -> float:
     return total / seconds
 
 
+def redlock_rates(cycles: int, rounds: int) -> dict[str, float]:
+    """Uncontended cycles/s over 5 throwaway servers: lockaspect RedLock vs pottery Redlock."""
+    import redis
+    from pottery import Redlock
+
+    from lockaspect.testing import LockServer
+
+    with ExitStack() as stack:
+        servers = [stack.enter_context(LockServer()) for _ in range(5)]
+        client = stack.enter_context(LockClient.from_urls([s.url for s in servers], namespace="bench-redlock:"))
+        masters = {redis.Redis.from_url(s.url) for s in servers}
+        single = stack.enter_context(LockClient.from_url(servers[0].url, namespace="bench-single:"))
+
+        def pottery(key: str) -> Any:
+            return Redlock(key=key, masters=masters, auto_release_time=10)
+
+        takers: dict[str, Callable[[str], Any]] = {
+            "lockaspect client.lock, 1 server": single.lock,
+            "lockaspect RedLock, 5 servers": client.lock,
+            "pottery Redlock, 5 masters": pottery,
+        }
+        rates: dict[str, list[float]] = {name: [] for name in takers}
+        for _ in range(rounds):
+            for name, take in takers.items():
+                rates[name].append(measure(take, cycles))
+        for master in masters:
+            master.close()
+        return {name: statistics.median(values) for name, values in rates.items()}
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         url, namespace, how, start, stop, seed = sys.argv[2:8]
@@ -134,6 +166,14 @@ def main() -> None:
         print(f"{'how':<40} {'sections/s':>10} {'x mutex':>8}")
         print(f"{'client.lock for every section':<40} {mutex:>10,.0f} {1:>7.2f}x")
         print(f"{'client.rw_lock: read or write':<40} {rw:>10,.0f} {rw / mutex:>7.2f}x")
+        print()
+        runs = f"median of {args.rounds} runs of {args.cycles // 5:,}"
+        print(f"3. RedLock, uncontended cycles/s over 5 local servers, {runs}")
+        red = redlock_rates(args.cycles // 5, args.rounds)
+        base_single = next(iter(red.values()))
+        print(f"{'library':<40} {'cycles/s':>10} {'x 1 server':>10}")
+        for name, rate in red.items():
+            print(f"{name:<40} {rate:>10,.0f} {rate / base_single:>9.2f}x")
 
 
 if __name__ == "__main__":
