@@ -102,7 +102,9 @@ class _Keys:
         if callable(value):
             self.fn = value
             return
-        if isinstance(value, str) or not isinstance(value, (list, tuple)):
+        if isinstance(value, str):  # one template; a placeholder may yield a list of values
+            value = [value]
+        if not isinstance(value, (list, tuple)):
             raise TypeError(f"keys must be a list of key templates or a callable, got {type(value).__name__}")
         if not value:
             raise ConfigurationError("keys must name at least one key")
@@ -230,7 +232,7 @@ class _LockAspect:
             for template in resolved.templates:
                 if template.names and not names.keys() >= template.names:
                     names = self._names.extend(dict(names), template.names, skip)
-                rendered.append(template.render(names))
+                rendered += template.render_many(names)
         if not rendered:
             raise KeyTemplateError(f"keys function for {self._names.qualname}() returned no key")
         return tuple(sorted(set(rendered)))

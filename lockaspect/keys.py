@@ -321,26 +321,74 @@ class KeyTemplate:
                 out.append(piece)
                 continue
             assert isinstance(piece, _Placeholder)
-            try:
-                value = _Evaluator(names, piece.functions).eval(piece.expression, previously_parsed=piece.node)
-            except KeyTemplateError:
-                raise
-            except (NameNotDefined, AttributeDoesNotExist, KeyError, IndexError, InvalidExpression) as exc:
-                raise KeyTemplateError(
-                    f"cannot render <{piece.expression}> of key template {template!r}: {_describe(exc)}",
-                    template=template,
-                    position=piece.position,
-                    expression=piece.expression,
-                ) from exc
-            except Exception as exc:
-                raise KeyTemplateError(
-                    f"evaluating <{piece.expression}> of key template {template!r} raised {type(exc).__name__}: {exc}",
-                    template=template,
-                    position=piece.position,
-                    expression=piece.expression,
-                ) from exc
-            out.append(_render_value(value, piece.expression, template))
-        key = "".join(out)
+            out.append(_render_value(self._evaluate(piece, names), piece.expression, template))
+        return self._checked("".join(out))
+
+    def render_many(self, names: Mapping[str, Any]) -> list[str]:
+        """Render one key per element when one placeholder yields a list, tuple or set
+        (``"sku:<skus>"`` with ``skus=["a", "b"]`` gives ``sku:a`` and ``sku:b``); else the
+        one key. Raises :class:`KeyTemplateError` for several list-valued placeholders or
+        an empty list, before any I/O."""
+        template = self.template
+        values: list[Any] = []
+        expanded: int | None = None
+        for index, piece in enumerate(self._pieces):
+            if type(piece) is str:
+                values.append(piece)
+                continue
+            assert isinstance(piece, _Placeholder)
+            value = self._evaluate(piece, names)
+            if isinstance(value, (list, tuple, set, frozenset)):
+                if expanded is not None:
+                    raise KeyTemplateError(
+                        f"key template {template!r}: only one placeholder may yield a list of values",
+                        template=template,
+                        position=piece.position,
+                        expression=piece.expression,
+                    )
+                if not value:
+                    raise KeyTemplateError(
+                        f"<{piece.expression}> of key template {template!r} yields no values, so no keys",
+                        template=template,
+                        position=piece.position,
+                        expression=piece.expression,
+                    )
+                expanded = index
+            values.append(value)
+        rows: list[list[Any]] = [values]
+        if expanded is not None:
+            rows = [[*values[:expanded], item, *values[expanded + 1 :]] for item in values[expanded]]
+        keys = []
+        for row in rows:
+            out = []
+            for piece, value in zip(self._pieces, row, strict=True):
+                out.append(value if isinstance(piece, str) else _render_value(value, piece.expression, template))
+            keys.append(self._checked("".join(out)))
+        return keys
+
+    def _evaluate(self, piece: _Placeholder, names: Mapping[str, Any]) -> Any:
+        template = self.template
+        try:
+            return _Evaluator(names, piece.functions).eval(piece.expression, previously_parsed=piece.node)
+        except KeyTemplateError:
+            raise
+        except (NameNotDefined, AttributeDoesNotExist, KeyError, IndexError, InvalidExpression) as exc:
+            raise KeyTemplateError(
+                f"cannot render <{piece.expression}> of key template {template!r}: {_describe(exc)}",
+                template=template,
+                position=piece.position,
+                expression=piece.expression,
+            ) from exc
+        except Exception as exc:
+            raise KeyTemplateError(
+                f"evaluating <{piece.expression}> of key template {template!r} raised {type(exc).__name__}: {exc}",
+                template=template,
+                position=piece.position,
+                expression=piece.expression,
+            ) from exc
+
+    def _checked(self, key: str) -> str:
+        template = self.template
         if len(key) * 4 > self.max_bytes and len(key.encode("utf-8")) > self.max_bytes:
             raise KeyTemplateError(
                 f"key rendered from {template!r} is {len(key.encode('utf-8'))} bytes, over the "

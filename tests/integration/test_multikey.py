@@ -240,6 +240,26 @@ class TestDecorator:
         assert len(failures) == 1
         assert failures[0].key == "sku:y"
 
+    def test_a_template_whose_placeholder_yields_a_list(self, client: LockClient) -> None:
+        """keys="sku:<skus>" locks one key per element of skus, all at once."""
+        seen: list[list[int]] = []
+
+        @distributed_lock(keys="order:<order>:sku:<skus>", client=client)
+        def reserve(order: int, skus: list[str]) -> None:
+            seen.append([client.backend.redis.exists(client.backend.lock_key(f"order:{order}:sku:{s}")) for s in skus])
+
+        reserve(7, ["a", "b", "c"])
+        assert seen == [[1, 1, 1]]
+        with pytest.raises(KeyTemplateError, match="no values"):
+            reserve(7, [])
+
+    def test_two_list_valued_placeholders_are_refused_at_call(self, client: LockClient, commands: Any) -> None:
+        @distributed_lock(keys="<xs>:<ys>", client=client)
+        def cross(xs: list[int], ys: list[int]) -> None: ...
+
+        with commands.assert_none(), pytest.raises(KeyTemplateError, match="only one placeholder"):
+            cross([1], [2])
+
     def test_async_def(self, client: LockClient) -> None:
         @distributed_lock(keys=["a:<n>", "b:<n>"], client=client)
         async def work(n: int) -> tuple[str, ...]:
@@ -258,7 +278,7 @@ class TestDecorator:
         ("options", "error"),
         [
             ({"keys": []}, ConfigurationError),
-            ({"keys": "a"}, TypeError),
+            ({"keys": 5}, TypeError),
             ({"keys": [1]}, TypeError),
             ({"keys": ["a"], "key": "b"}, ConfigurationError),
             ({"keys": ["a", "b"], "fair": True}, ConfigurationError),
