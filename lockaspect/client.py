@@ -1015,6 +1015,7 @@ class LockClient:
             return self._reenter_all(held)
         plan = self._plan(spec)
         token = _token()
+        own = "n" + _urandom(8).hex()  # a place of its own in each queue it joins (not the process's)
         clock = self._clock
         start = clock()
         deadline = _policy.wait_deadline(start, spec.wait)
@@ -1030,6 +1031,8 @@ class LockClient:
                 sent = clock()
                 try:
                     result = self.backend.multi_acquire(keys, token, plan.lease_time, waiter)
+                except ConfigurationError:
+                    raise  # refused by the backend before anything was sent
                 except BaseException:
                     self._discard_all(keys, token)
                     raise
@@ -1046,12 +1049,13 @@ class LockClient:
                     # Listen for the busy key's release (queued by the next attempt), then retry.
                     if subscription is not None:
                         notifier.unsubscribe(subscription)
+                        subscription = None
                     self._leave_queue_of(watched, waiter)
                     watched = result.busy
                     assert watched is not None
                     remaining = SUBSCRIBE_TIMEOUT if deadline is None else min(SUBSCRIBE_TIMEOUT, deadline - now)
-                    subscription = notifier.subscribe(watched, remaining)
-                    waiter = notifier.waiter_id if subscription.active else None
+                    subscription = notifier.subscribe(watched, remaining, own)
+                    waiter = own if subscription.active else None
                     continue
                 pause = _policy.retry_sleep(
                     now=now,
@@ -1117,9 +1121,8 @@ class LockClient:
                 pass
 
     def _leave_queue_of(self, key: str | None, waiter: str | None) -> None:
-        """A multi-key waiter leaves the queue of the key it listened on (no local coalescing:
-        it leaves unless another local waiter of that key may use the place)."""
-        if key is None or waiter is None or key in self._slots:
+        """A multi-key waiter leaves the queue of the key it listened on (its own place)."""
+        if key is None or waiter is None:
             return
         try:
             self.backend.unqueue(key, waiter)
@@ -1701,6 +1704,7 @@ class LockClient:
             return MultiLease(entered)
         plan = self._plan(spec)
         token = _token()
+        own = "n" + _urandom(8).hex()
         clock = self._clock
         start = clock()
         deadline = _policy.wait_deadline(start, spec.wait)
@@ -1716,6 +1720,8 @@ class LockClient:
                 sent = clock()
                 try:
                     result = await state.backend.multi_acquire(keys, token, plan.lease_time, waiter)
+                except ConfigurationError:
+                    raise
                 except BaseException:
                     await self._adiscard_all(state, keys, token)
                     raise
@@ -1731,12 +1737,13 @@ class LockClient:
                 if notifier is not None and result.busy != watched:
                     if subscription is not None:
                         notifier.unsubscribe(subscription)
+                        subscription = None
                     await self._aleave_queue_of(state, watched, waiter)
                     watched = result.busy
                     assert watched is not None
                     remaining = SUBSCRIBE_TIMEOUT if deadline is None else min(SUBSCRIBE_TIMEOUT, deadline - now)
-                    subscription = await notifier.subscribe(watched, remaining)
-                    waiter = notifier.waiter_id if subscription.active else None
+                    subscription = await notifier.subscribe(watched, remaining, own)
+                    waiter = own if subscription.active else None
                     continue
                 pause = _policy.retry_sleep(
                     now=now,
@@ -1782,7 +1789,7 @@ class LockClient:
 
     async def _aleave_queue_of(self, state: _LoopState, key: str | None, waiter: str | None) -> None:
         """:meth:`_leave_queue_of` for a task (shielded)."""
-        if key is None or waiter is None or key in state.slots:
+        if key is None or waiter is None:
             return
 
         async def unqueue() -> None:

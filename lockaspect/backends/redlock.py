@@ -161,7 +161,13 @@ class RedlockBackend(_Quorum):
         return self.released(key, self._each(lambda node=node: node.release(key, token) for node in self.nodes))
 
     def reenter(self, key: str, token: str) -> AcquireResult:
-        return self.reentered(self._each(lambda node=node: node.reenter(key, token) for node in self.nodes))
+        replies = self._each(lambda node=node: node.reenter(key, token) for node in self.nodes)
+        result = self.reentered(replies)
+        if not result.acquired:  # give back the holds the minority added
+            for node, reply in zip(self.nodes, replies, strict=True):
+                if isinstance(reply, AcquireResult) and reply.acquired:
+                    self._each([lambda node=node: node.release(key, token)])
+        return result
 
     def renew(self, leases: Sequence[RenewItem]) -> list[bool]:
         if not leases:
@@ -258,7 +264,14 @@ class AsyncRedlockBackend(_Quorum):
         return self.released(key, await self._each(lambda node=node: node.release(key, token) for node in self.nodes))
 
     async def reenter(self, key: str, token: str) -> AcquireResult:
-        return self.reentered(await self._each(lambda node=node: node.reenter(key, token) for node in self.nodes))
+        replies = await self._each(lambda node=node: node.reenter(key, token) for node in self.nodes)
+        result = self.reentered(replies)
+        if not result.acquired:  # give back the holds the minority added
+            granted = [
+                n for n, r in zip(self.nodes, replies, strict=True) if isinstance(r, AcquireResult) and r.acquired
+            ]
+            await self._each(lambda node=node: node.release(key, token) for node in granted)
+        return result
 
     async def renew(self, leases: Sequence[RenewItem]) -> list[bool]:
         if not leases:

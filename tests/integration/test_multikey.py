@@ -23,6 +23,7 @@ from lockaspect import (
     LockLost,
     LockNotAcquired,
     MultiLease,
+    _policy,
     current_lease,
     distributed_lock,
 )
@@ -116,9 +117,38 @@ class TestAllOrNothing:
         assert set(got[0]) == {"a", "b"}
         assert client.backend.redis.llen(client.backend.queue_key("b")) == 0
 
+    def test_a_multi_waiter_woken_for_a_key_it_cannot_use_passes_the_wake_up_on(
+        self, lock_server: LockServer, namespace: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A released, M (waiting for A and B) is woken but B is still busy: S, queued on A behind M, must be
+        woken at once (60 s leases, no periodic re-check: only that wake-up lets S in within LIVENESS)."""
+        monkeypatch.setattr(_policy, "NOTIFY_RECHECK", 120.0)
+        with LockClient.from_url(lock_server.url, namespace=namespace, watchdog_lease=60.0) as slow:
+            release_a, holder_a = hold(slow, "A")
+            release_b, holder_b = hold(slow, "B")
+            multi = threading.Thread(target=lambda: _take(slow, ["A", "B"]), daemon=True)
+            multi.start()
+            wait_until(lambda: slow.backend.redis.llen(slow.backend.queue_key("A")) == 1, "M queued on A")
+            got: list[int] = []
+            single = threading.Thread(target=lambda: got.append(_take_one(slow, "A")), daemon=True)
+            single.start()
+            wait_until(lambda: slow.backend.redis.llen(slow.backend.queue_key("A")) == 2, "S queued on A")
+            release_a.set()
+            single.join(LIVENESS)
+            assert got, "S was not woken when A became free"
+            release_b.set()
+            multi.join(LIVENESS)
+            holder_a.join(LIVENESS)
+            holder_b.join(LIVENESS)
+
+
+def _take_one(client: LockClient, key: str) -> int:
+    with client.lock(key, wait=None) as lease:
+        return lease.fencing_token
+
 
 def _take(client: LockClient, keys: list[str]) -> dict[str, int]:
-    with client.multi_lock(keys, wait=LIVENESS) as multi:
+    with client.multi_lock(keys, wait=None) as multi:
         return multi.fencing_tokens
 
 
