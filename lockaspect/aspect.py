@@ -10,6 +10,7 @@ Everything that can be checked without a call is checked when the decorator is a
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
@@ -456,13 +457,16 @@ def _decorator(key: Any, client: Any, policy: Any, **options: Any) -> Callable[[
 
         if is_async:
 
-            @wrapt.decorator
             async def async_wrapper(
                 wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
             ) -> Any:
                 return await aspect.acall(wrapped, instance, args, kwargs)
 
-            return cast(F, async_wrapper(function))
+            # A call returns the coroutine of this function, which takes its __name__ and
+            # __qualname__ from it: name it after the decorated function (a new function
+            # per decoration), so "coroutine 'Jobs.run' was never awaited" says whose.
+            _name_after(async_wrapper, target)
+            return cast(F, wrapt.decorator(async_wrapper)(function))
 
         @wrapt.decorator
         def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -471,6 +475,19 @@ def _decorator(key: Any, client: Any, policy: Any, **options: Any) -> Callable[[
         return cast(F, wrapper(function))
 
     return decorate
+
+
+def _name_after(wrapper: Callable[..., Any], target: Any) -> None:
+    """Give ``wrapper`` the ``__name__`` and ``__qualname__`` of ``target`` (of the function
+    inside, for a ``functools.partial``), so the coroutines it creates carry them."""
+    while isinstance(target, functools.partial):
+        target = target.func
+    name = getattr(target, "__name__", None)
+    qualname = getattr(target, "__qualname__", name)
+    if isinstance(name, str):
+        wrapper.__name__ = name
+    if isinstance(qualname, str):
+        wrapper.__qualname__ = qualname
 
 
 def distributed_semaphore(

@@ -13,6 +13,7 @@ import os
 import threading
 import time
 import weakref
+from collections import deque
 from collections.abc import AsyncGenerator, Callable, Iterable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from .executor import Outcome, check_executor, run_body
 from .keys import check_key
 from .lease import _HELD, Lease, MultiLease, _find_held, _push
 from .timer import HashedWheelTimer
-from .watchdog import LoopRenewer, Watchdog
+from .watchdog import Renewal, Watchdog, lost_guard
 
 __all__ = ["ClientStats", "LockClient", "LockSpec"]
 
@@ -137,9 +138,6 @@ class LockSpec:
         )
 
 
-#: Kinds whose re-entry holds the client counts (the store keeps one hold per owner).
-_LOCAL_HOLDS = frozenset({"semaphore", "read", "write"})
-
 #: Kinds whose waiters each keep a place of their own in the store's queue (no coalescing).
 _OWN_PLACE = frozenset({"fair", "read", "write"})
 
@@ -226,22 +224,51 @@ def _token() -> str:
     return _urandom(16).hex()
 
 
+class _Hold:
+    """One hold of a lease (its acquisition, or one re-entry), owned by the ``with`` block or
+    the decorated call that took it, which gives it back with ``client._release(hold)``.
+
+    The client keeps only a weak reference to it (:class:`_HoldRef`): a hold that is
+    garbage-collected without having been released (its owner was unwound by an exception
+    raised asynchronously, say a signal handler's, at a point where no cleanup could run) is
+    released by the watchdog thread's sweep, so nothing renews a lease nobody holds."""
+
+    __slots__ = ("__weakref__", "lease", "ref")
+
+    def __init__(self, lease: Lease) -> None:
+        self.lease = lease
+        self.ref: _HoldRef | None = None
+
+
+class _HoldRef(weakref.ref):  # type: ignore[type-arg]
+    """The client's record of a :class:`_Hold`: its lease, and whether it was given back."""
+
+    __slots__ = ("done", "lease")
+
+    def __new__(cls, hold: _Hold, callback: Callable[[_HoldRef], object], lease: Lease) -> _HoldRef:
+        return super().__new__(cls, hold, callback)
+
+    def __init__(self, hold: _Hold, callback: Callable[[_HoldRef], object], lease: Lease) -> None:
+        super().__init__(hold, callback)  # type: ignore[call-arg]
+        self.lease = lease
+        self.done = False
+
+
 class _LoopState:
     """What a client keeps per event loop: the loop's async backend (connections belong to
-    one loop), its renewer, its waiter slots, and background tasks it must not lose."""
+    one loop), its waiter slots, and background tasks it must not lose. (Leases taken on the
+    loop are renewed by the client's watchdog thread, so a busy loop cannot starve them.)"""
 
-    __slots__ = ("_closed", "_forget", "_guard", "backend", "loop", "renewer", "slots", "tasks")
+    __slots__ = ("_closed", "_forget", "_guard", "backend", "loop", "slots", "tasks")
 
     def __init__(
         self,
         loop: asyncio.AbstractEventLoop,
         backend: Any,
-        renewer: LoopRenewer,
         forget: Callable[[_LoopState], None] | None = None,
     ) -> None:
         self.loop = loop
         self.backend = backend
-        self.renewer = renewer
         # Called when the state closes, so the client drops it (the state refers to its loop:
         # kept in the client, it would keep every closed loop alive).
         self._forget = forget
@@ -285,10 +312,6 @@ class _LoopState:
         pending = [task for task in self.tasks if not task.done()]
         if pending:
             await asyncio.wait(pending)
-        for task in list(self.renewer.tasks):
-            task.cancel()
-        if self.renewer.tasks:
-            await asyncio.wait(list(self.renewer.tasks))
         await self.backend.aclose()
 
 
@@ -377,11 +400,11 @@ def _run_hook(lease: Lease) -> None:
         return
     if inspect.isawaitable(result):
         # An async hook: run it on the event loop of the code that holds the lease.
-        renewer = lease._renewer
+        loop = lease._loop
         try:
-            if renewer is None:
+            if loop is None:
                 raise RuntimeError("the lease was taken by sync code: there is no loop to run it on")
-            asyncio.run_coroutine_threadsafe(_await_hook(lease, result), renewer.loop)
+            asyncio.run_coroutine_threadsafe(_await_hook(lease, result), loop)
         except RuntimeError as exc:
             close = getattr(result, "close", None)
             if close is not None:
@@ -514,15 +537,30 @@ class LockClient:
         self.executor = check_executor(executor)
         self._clock = clock
         self._timer = HashedWheelTimer(tick_s, clock=clock)
-        self._watchdog = Watchdog(backend, self._timer, self._watchdog_lost, clock=clock)
+        self._orphans: deque[_HoldRef] = deque()
+        self._watchdog = Watchdog(
+            backend,
+            self._timer,
+            self._watchdog_lost,
+            sweep=self._sweep,
+            orphans=self._orphans,
+            vanished=self._vanished,
+            release_vanished=self._release_vanished,
+            clock=clock,
+        )
         self._hooks = _HookRunner()
         self._notify = bool(backend.capabilities & Capability.RELEASE_NOTIFY)
         self._closed = False
+        # The client's bookkeeping lock: hold counts, counters, the live holds. A plain Lock
+        # entered with ``with`` (C-level), never held across I/O or user code.
         self._count_lock = threading.Lock()
         self._counts = dict.fromkeys(("acquired", "reentered", "not_acquired", "released", "lost"), 0)
-        self._held = 0
+        # The leases of this client that holds (see _Hold) may still be given back to; those
+        # whose last hold went are pruned by the watchdog's sweep.
+        self._leases: set[Lease] = set()
         # key -> leases of this client on it in this process (any context), for _acquire's
-        # fast path: a key nobody here holds cannot be a re-entry.
+        # fast path: a key nobody here holds cannot be a re-entry. Never too low (it drops a
+        # lease only once its last hold is given back); the sweep recounts it.
         self._held_keys: dict[str, int] = {}
         self._epoch = 0  # bumped in a forked child: its inherited leases are the parent's
         self._slots: dict[str, _Slot] = {}  # key -> this process's sync waiters for it
@@ -557,7 +595,15 @@ class LockClient:
             **redis_options: Passed to ``redis.Redis.from_url`` (``socket_timeout``
                 defaults to 2 s; redis-py's own command retries are switched off, because
                 whether a lock command may be repeated is lockaspect's decision).
+
+        Raises:
+            ConfigurationError: at once, before any connection is made, for a malformed URL
+                (bad scheme, port or db) or an option redis-py would not accept (naming it,
+                with the closest allowed name and the allowed ones).
         """
+        from .backends._redis_options import check_redis_options
+
+        check_redis_options(url, redis_options)
         if not isinstance(url, str):
             raise TypeError(f"url must be a str, got {type(url).__name__}")
         scheme = urlsplit(url).scheme
@@ -618,7 +664,10 @@ class LockClient:
         """
         if isinstance(urls, str) or not all(isinstance(url, str) for url in urls):
             raise TypeError("urls must be a list of URL strings")
+        from .backends._redis_options import check_redis_options
+
         for url in urls:
+            check_redis_options(url, redis_options)
             if urlsplit(url).scheme not in _SCHEMES:
                 raise ConfigurationError(f"unsupported lock store URL {url!r}")
         if len(set(urls)) != len(urls):
@@ -867,7 +916,7 @@ class LockClient:
         wd = self._watchdog.stats
         with self._count_lock:
             counts = dict(self._counts)
-            held = self._held
+            held = sum(1 for lease in self._leases if lease._refs)
         return ClientStats(
             acquired=counts["acquired"],
             reentered=counts["reentered"],
@@ -888,8 +937,9 @@ class LockClient:
         if self._closed:
             return
         self._closed = True
+        # The watchdog first: a renewal in flight must not find the timer already stopped.
+        self._watchdog.stop(timeout=5.0)
         self._timer.stop()
-        self._watchdog.stop()
         self._hooks.stop()
         self.backend.close()
         _clients.discard(self)
@@ -924,28 +974,45 @@ class LockClient:
 
     # -- the engine -------------------------------------------------------------------
 
-    def _acquire(self, key: str, spec: LockSpec) -> Lease:
-        """Re-enter a lease this context holds on ``key``, or take the lock."""
+    def _acquire(self, key: str, spec: LockSpec) -> _Hold:
+        """Re-enter a lease this context holds on ``key``, or take the lock. The caller owns
+        the returned hold and gives it back with :meth:`_release`."""
         held = self._held_here(key, spec.kind)
         if held is not None:
-            return self._reenter(held)
+            hold = self._reenter(held)
+            if hold is not None:
+                return hold
+            # Its last hold was given back meanwhile (the outer call returned): take the lock.
         below = self._below(key, spec)
         plan = self._plan(spec)
         token = _token()
         waiter = self._own_waiter(spec) if spec.kind in _OWN_PLACE else self._early_waiter(key, spec)
         sent = self._clock()
+        failure: BackendError | None = None
         try:
             result = self._try(key, token, plan.lease_time, spec, waiter, below=below)
+        except BackendError as exc:
+            if waiter is not None:
+                self._leave_queue(key, waiter, spec)
+            if not exc.transient or spec.wait == 0:
+                raise
+            # A store restarting or failing over: a waiting caller keeps trying until its wait
+            # runs out (the attempt left nothing behind, see _try).
+            result, failure, waiter = AcquireResult(False), exc, None
         except BaseException:
             if waiter is not None:
                 self._leave_queue(key, waiter, spec)
             raise
         if not result.acquired:
-            result, sent = self._wait(key, token, plan.lease_time, spec, sent, result, waiter, below)
-        if self._too_few_replicas(result):
-            self._discard(key, token, spec)
-            raise self._not_replicated(key, result)
+            result, sent = self._wait(key, token, plan.lease_time, spec, sent, result, waiter, below, failure)
+        return self._take(key, token, result, spec, plan, sent)
+
+    def _take(self, key: str, token: str, result: AcquireResult, spec: LockSpec, plan: _Plan, sent: float) -> _Hold:
+        """The hold for a granted acquisition; if anything stops it from being handed over,
+        the lock is given back."""
         try:
+            if self._too_few_replicas(result):
+                raise self._not_replicated(key, result)
             return self._new_lease(key, token, result, spec, plan, sent, None)
         except BaseException:
             self._discard(key, token, spec)
@@ -1008,11 +1075,14 @@ class LockClient:
             raise _with_result(lost, result) from None
         return result
 
-    def _acquire_multi(self, keys: tuple[str, ...], spec: LockSpec) -> MultiLease:
-        """Take every key at once (see :meth:`multi_lock`), or re-enter them all."""
+    def _acquire_multi(self, keys: tuple[str, ...], spec: LockSpec) -> list[_Hold]:
+        """Take every key at once (see :meth:`multi_lock`), or re-enter them all: one hold
+        per key, in the keys' order."""
         held = self._multi_held(keys)
         if held is not None:
-            return self._reenter_all(held)
+            entered = self._reenter_all(held)
+            if entered is not None:
+                return entered
         plan = self._plan(spec)
         token = _token()
         own = "n" + _urandom(8).hex()  # a place of its own in each queue it joins (not the process's)
@@ -1026,26 +1096,32 @@ class LockClient:
         watched: str | None = None  # the busy key whose release we listen for
         waiter: str | None = None
         attempt = tries = 0
+        failure: BackendError | None = None
         try:
             while True:
                 sent = clock()
                 try:
                     result = self.backend.multi_acquire(keys, token, plan.lease_time, waiter)
-                except ConfigurationError:
-                    raise  # refused by the backend before anything was sent
-                except BaseException:
-                    self._discard_all(keys, token)
-                    raise
+                    failure = None
+                except BackendError as exc:
+                    # The attempt left nothing behind (the backend undoes a failed attempt).
+                    now = clock()
+                    if not exc.transient or spec.wait == 0 or (deadline is not None and now >= deadline):
+                        raise
+                    failure = exc
+                    result = MultiAcquireResult(False, busy=watched or keys[0])
                 tries += 1
                 if result.acquired:
                     waiter = None  # the script took us off every queue
                     break
                 now = clock()
                 if deadline is not None and now >= deadline:
+                    if failure is not None:
+                        raise failure
                     raise self._not_acquired(result.busy or keys[0], spec, start, _busy(result), tries)
                 if self._closed:
                     raise ConfigurationError("the LockClient was closed while waiting", key=keys[0])
-                if notifier is not None and result.busy != watched:
+                if notifier is not None and failure is None and result.busy != watched:
                     # Listen for the busy key's release (queued by the next attempt), then retry.
                     if subscription is not None:
                         notifier.unsubscribe(subscription)
@@ -1073,19 +1149,18 @@ class LockClient:
             if subscription is not None and notifier is not None:
                 notifier.unsubscribe(subscription)
             self._leave_queue_of(watched, waiter)
-        if self._too_few_replicas(result):
-            self._discard_all(keys, token)
-            raise self._not_replicated(keys[0], result)
-        leases: list[Lease] = []
+        holds: list[_Hold] = []
         try:
+            if self._too_few_replicas(result):
+                raise self._not_replicated(keys[0], result)
             for key, fence in zip(keys, result.fencing_tokens, strict=True):
-                leases.append(self._new_lease(key, token, AcquireResult(True, fence, 1), spec, plan, sent, None))
+                holds.append(self._new_lease(key, token, AcquireResult(True, fence, 1), spec, plan, sent, None))
         except BaseException:
-            for made in leases:
+            for made in holds:
                 self._release(made)
-            self._discard_all(keys[len(leases) :], token)
+            self._discard_all(keys[len(holds) :], token)
             raise
-        return MultiLease(leases)
+        return holds
 
     def _multi_held(self, keys: tuple[str, ...]) -> list[Lease] | None:
         """The leases this context holds on every key (a re-entry), ``None`` when it holds
@@ -1102,16 +1177,23 @@ class LockClient:
             )
         return [lease for lease in held if lease is not None]
 
-    def _reenter_all(self, held: list[Lease]) -> MultiLease:
-        entered: list[Lease] = []
+    def _reenter_all(self, held: list[Lease]) -> list[_Hold] | None:
+        """Re-enter every lease of ``held``; ``None`` when one was given back meanwhile (then
+        none is re-entered and the caller takes the set afresh)."""
+        entered: list[_Hold] = []
         try:
             for lease in held:
-                entered.append(self._reenter(lease))
+                hold = self._reenter(lease)
+                if hold is None:
+                    for made in entered:
+                        self._release(made)
+                    return None
+                entered.append(hold)
         except BaseException:
-            for lease in entered:
-                self._release(lease)
+            for made in entered:
+                self._release(made)
             raise
-        return MultiLease(entered)
+        return entered
 
     def _discard_all(self, keys: Sequence[str], token: str) -> None:
         for key in keys:
@@ -1226,62 +1308,106 @@ class LockClient:
         return _Plan(watchdog, lease_time, delay_weight)
 
     def _new_lease(
-        self, key: str, token: str, result: AcquireResult, spec: LockSpec, plan: _Plan, sent: float, renewer: Any
-    ) -> Lease:
-        """The lease for an acquisition, registered with the watchdog and counted."""
-        lease = Lease(
-            client=self,
+        self,
+        key: str,
+        token: str,
+        result: AcquireResult,
+        spec: LockSpec,
+        plan: _Plan,
+        sent: float,
+        loop: asyncio.AbstractEventLoop | None,
+    ) -> _Hold:
+        """The lease for an acquisition, its first hold, registered with the watchdog and
+        counted. ``sent``: when the acquire request left (the lease is trusted from then)."""
+        granted = plan.lease_time if result.valid_for is None else min(result.valid_for, plan.lease_time)
+        record = Renewal(
             key=key,
             token=token,
-            fencing_token=result.fencing_token,
-            lease_time=plan.lease_time,
-            watchdog=plan.watchdog,
-            delay_weight=plan.delay_weight,
-            sent_at=sent,
-            max_hold=spec.max_hold,
-            on_lost=spec.on_lost,
-            renewer=renewer,
             kind=spec.kind,
+            lease_time=plan.lease_time,
+            delay_weight=plan.delay_weight,
+            sent=sent,
+            granted=granted,
+            max_hold=spec.max_hold,
+            guard=lost_guard(plan.lease_time, self.tick),
+            clock=self._clock,
+        )
+        lease = Lease(
+            client=self,
+            record=record,
+            fencing_token=result.fencing_token,
+            watchdog=plan.watchdog,
+            on_lost=spec.on_lost,
+            loop=loop,
             permits=spec.permits,
         )
-        if plan.watchdog:
-            self._watchdog.register(lease)
-        else:
-            self._watchdog.watch(lease)
+        record.lease_ref = weakref.ref(lease)
+        hold = self._new_hold(lease)
         with self._count_lock:
-            self._counts["acquired"] += 1
-            self._held += 1
             held_keys = self._held_keys
             held_keys[key] = held_keys.get(key, 0) + 1
+            self._leases.add(lease)
+            lease._refs.add(hold.ref)  # the hold exists from here: one step
+            self._counts["acquired"] += 1
+        if plan.watchdog:
+            self._watchdog.register(record)
+        else:
+            self._watchdog.watch(record)
+        return hold
+
+    def _new_hold(self, lease: Lease) -> _Hold:
+        hold = _Hold(lease)
+        # The callback is deque.append itself: a C call, which no exception raised
+        # asynchronously can interrupt halfway (the watchdog thread sweeps the deque).
+        hold.ref = _HoldRef(hold, self._orphans.append, lease)
+        return hold
+
+    def _give_back(self, ref: _HoldRef) -> Lease | None:
+        """Count one hold of ``ref.lease`` given back (once per hold, whoever gives it back:
+        its owner, or the sweep). Returns the lease when that was its last hold and the
+        release must go to the store; ``None`` otherwise.
+
+        Each step of the bookkeeping is one operation, and the watchdog's sweep completes
+        what an exception raised asynchronously (a signal handler's) cuts short: a lease with
+        no hold left that nobody is releasing is released by the sweep."""
+        lease = ref.lease
+        record = lease._record
+        with self._count_lock:
+            refs = lease._refs
+            if ref not in refs:
+                return None  # given back already
+            refs.discard(ref)
+            if refs or lease._epoch != self._epoch:
+                # Re-entered holds remain; or a forked child unwinding a block its parent
+                # entered: the lock is the parent's.
+                return None
+            # The release is ours to send from here (the sweep leaves it to us a while).
+            record.releasing_since = self._clock()
+            self._forget(lease)
+        if record.lost_reason is None and self._clock() >= record.lost_at:
+            self._lost_here(lease, record.time_reason())
+        if record.lost_reason == "not-owner":  # nothing of ours is left in the store
+            self._watchdog.released(record)
+            return None
         return lease
 
-    def _release_begin(self, lease: Lease) -> tuple[bool, Any] | None:
-        """Drop one hold. ``None``: nothing to do in the store. Else ``(last, batch)``: wait for
-        ``batch`` (an in-flight renewal) if there is one, then call :meth:`_release_ready`."""
-        if lease._epoch != self._epoch:
-            # A forked child unwinding a block its parent entered: the lock is the parent's.
-            lease._exit()
-            return None
-        last = lease._exit()
-        return last, (self._watchdog.cancel(lease) if last else None)
+    def _forget(self, lease: Lease) -> None:
+        """``lease`` has no hold left: drop it from the client's tables (lock held)."""
+        if lease in self._leases:
+            self._leases.discard(lease)
+            held_keys = self._held_keys
+            left = held_keys.get(lease.key, 0) - 1
+            if left > 0:
+                held_keys[lease.key] = left
+            else:
+                held_keys.pop(lease.key, None)
 
-    def _release_ready(self, lease: Lease, last: bool) -> bool:
-        """Bookkeeping once renewal stopped; ``True`` if the release must go to the store."""
-        if last:
-            with self._count_lock:
-                self._held -= 1
-                held_keys = self._held_keys
-                left = held_keys.get(lease.key, 0) - 1
-                if left > 0:
-                    held_keys[lease.key] = left
-                else:
-                    held_keys.pop(lease.key, None)
-            if lease._lost_reason is None and self._clock() >= lease._expires_at:
-                self._lost_here(lease, "expired")
-        return lease._lost_reason != "not-owner"  # else nothing of ours is left in the store
-
-    def _release_done(self, lease: Lease, last: bool, code: ReleaseResult | BackendError) -> None:
+    def _release_done(self, lease: Lease, code: ReleaseResult | BackendError) -> None:
         """Act on the store's answer to a release (or on its failure)."""
+        record = lease._record
+        self._watchdog.released(record)
+        if record.swept and code == ReleaseResult.NOT_OWNER:
+            return  # the sweep had released it meanwhile (a release that took too long)
         if isinstance(code, BackendError):
             release_log.warning(
                 "release of %r failed; the key expires with its lease (at most %.1fs): %s",
@@ -1294,10 +1420,75 @@ class LockClient:
         elif code == ReleaseResult.RELEASED:
             with self._count_lock:
                 self._counts["released"] += 1
-            if not last:
-                release_log.warning("%r was released while a re-entrant hold remained", lease.key)
-        elif last:
+        else:
             release_log.warning("%r is still held by this owner after its last release", lease.key)
+
+    def _sweep(self) -> None:
+        """Give back the holds whose owner vanished without giving them back (watchdog
+        thread), and recount the client's tables."""
+        orphans = self._orphans
+        while orphans:
+            ref = orphans.popleft()
+            if ref not in ref.lease._refs:
+                continue
+            release_log.warning(
+                "a hold of %r was abandoned without being released (its block or call was unwound by "
+                "an exception raised asynchronously?); releasing it",
+                ref.lease.key,
+            )
+            self._give_back_to_store(ref, abandoned=True)
+        with self._count_lock:
+            leases = {lease for lease in self._leases if lease._refs}
+            self._leases = leases
+            counts: dict[str, int] = {}
+            for lease in leases:
+                counts[lease.key] = counts.get(lease.key, 0) + 1
+            self._held_keys = counts
+
+    def _vanished(self, record: Renewal) -> bool:
+        """Whether a lease the watchdog is about to renew has nobody left to hold it: its
+        lease object is gone, or it has no hold and nobody is releasing it (or a release
+        began a whole lease ago and never finished)."""
+        lease = None if record.lease_ref is None else record.lease_ref()
+        if lease is None:
+            return True
+        if lease._refs:
+            return False
+        since = record.releasing_since
+        return since is None or self._clock() - since > record.lease_time
+
+    def _release_vanished(self, record: Renewal) -> None:
+        """Release a lease nobody holds any more (watchdog thread; see :meth:`_vanished`)."""
+        record.swept = True
+        self._watchdog.released(record)
+        release_log.warning("lease on %r has no holder left (its release never came); releasing it", record.key)
+        try:
+            _release_call(self.backend, record.key, record.token, record.kind)
+        except BackendError as exc:
+            release_log.warning("release of %r failed; the key expires with its lease: %s", record.key, exc)
+        lease = None if record.lease_ref is None else record.lease_ref()
+        if lease is not None:
+            with self._count_lock:
+                self._forget(lease)
+
+    def _give_back_to_store(self, ref: _HoldRef, abandoned: bool = False) -> None:
+        """:meth:`_release` for a hold's record (sync, on the calling thread)."""
+        lease = self._give_back(ref)
+        if lease is None:
+            return
+        code: ReleaseResult | BackendError
+        try:
+            code = _release_call(self.backend, lease.key, lease.token, lease.kind)
+        except BackendError as exc:
+            code = exc
+        except BaseException:
+            self._watchdog.released(lease._record)  # nobody holds it: let it expire
+            raise
+        if abandoned and code == ReleaseResult.NOT_OWNER:
+            # Nobody to tell: the interrupted call had given the lock back already.
+            self._watchdog.released(lease._record)
+            return
+        self._release_done(lease, code)
 
     def _try(
         self,
@@ -1309,13 +1500,10 @@ class LockClient:
         front: bool = False,
         below: str = "",
     ) -> AcquireResult:
-        try:
-            result: AcquireResult = _acquire_call(self.backend, key, token, lease_time, spec, waiter, front, below)
-        except BaseException:
-            # The request may have reached the store before the failure (a timeout, an
-            # interrupt): make sure it leaves no lock behind.
-            self._discard(key, token, spec)
-            raise
+        # A failed attempt (a timeout, an interrupt) leaves no lock behind: the backend sends
+        # the release on the same connection right behind the attempt, so the store runs it
+        # after the attempt, whenever the attempt arrives.
+        result: AcquireResult = _acquire_call(self.backend, key, token, lease_time, spec, waiter, front, below)
         self._check_permits(key, spec, result)
         return result
 
@@ -1335,51 +1523,70 @@ class LockClient:
         result: AcquireResult,
         waiter: str | None = None,
         below: str = "",
+        failure: BackendError | None = None,
     ) -> tuple[AcquireResult, float]:
         """Wait for a busy lock: queue behind this process's other waiters for ``key``, then
         retry on each release message (or by bounded polling) until the deadline. ``waiter``:
         the id under which the failed attempt queued (the process's, or the waiter's own for
         kinds whose waiters keep their own places and do not coalesce); ``below``: see
-        :meth:`_below`."""
+        :meth:`_below`; ``failure``: the first attempt failed transiently (retried)."""
         deadline = _policy.wait_deadline(start, spec.wait)
-        if deadline is not None and self._clock() >= deadline:
-            if waiter is not None:
-                self._leave_queue(key, waiter, spec)
-            raise self._not_acquired(key, spec, start, result, 1)
-        if log.isEnabledFor(logging.DEBUG):
-            ends = "with no expiry" if result.holder_ttl is None else f"in {result.holder_ttl:.3f}s"
-            limit = "forever" if spec.wait is None else f"up to {spec.wait:g}s"
-            log.debug("%r is busy (the holder's lease ends %s); waiting %s", key, ends, limit)
-        if spec.kind in _OWN_PLACE:
-            return self._wait_turn(key, token, lease_time, spec, start, deadline, result, None, waiter, below)
-        queued = waiter is not None
-        slot_key = _slot_key(key, spec)
-        slot = self._join_slot(slot_key)
-        timed_out = False
+        turn = False
         try:
-            # Same-process waiters coalesce: only the one holding the slot talks to the store.
-            if slot.users > 1:
-                queued = False  # others of ours wait too: one of them may have used our place
-            if slot.lock.acquire(blocking=False):
-                pass
-            elif deadline is None:
-                queued = False  # others of ours went first: our place in the queue may be gone
-                slot.lock.acquire()
-            elif slot.lock.acquire(timeout=max(0.0, deadline - self._clock())):
-                queued = False
-            else:
-                timed_out = True
+            if deadline is not None and self._clock() >= deadline:
+                if failure is not None:
+                    raise failure
                 raise self._not_acquired(key, spec, start, result, 1)
-            try:
+            if log.isEnabledFor(logging.DEBUG):
+                ends = "with no expiry" if result.holder_ttl is None else f"in {result.holder_ttl:.3f}s"
+                limit = "forever" if spec.wait is None else f"up to {spec.wait:g}s"
+                log.debug("%r is busy (the holder's lease ends %s); waiting %s", key, ends, limit)
+            if spec.kind in _OWN_PLACE:
+                turn = True  # the wait loop leaves the queue itself
                 return self._wait_turn(
-                    key, token, lease_time, spec, start, deadline, result, slot, waiter if queued else None
+                    key, token, lease_time, spec, start, deadline, result, None, waiter, below, failure
                 )
+            queued = waiter is not None
+            slot_key = _slot_key(key, spec)
+            slot = self._join_slot(slot_key)
+            try:
+                # Same-process waiters coalesce: only the one holding the slot talks to the store.
+                if slot.users > 1:
+                    queued = False  # others of ours wait too: one of them may have used our place
+                if slot.lock.acquire(blocking=False):
+                    pass
+                elif deadline is None:
+                    queued = False  # others of ours went first: our place in the queue may be gone
+                    slot.lock.acquire()
+                elif slot.lock.acquire(timeout=max(0.0, deadline - self._clock())):
+                    queued = False
+                else:
+                    raise self._not_acquired(key, spec, start, result, 1)
+                try:
+                    turn = True
+                    return self._wait_turn(
+                        key,
+                        token,
+                        lease_time,
+                        spec,
+                        start,
+                        deadline,
+                        result,
+                        slot,
+                        waiter if queued else None,
+                        "",
+                        failure,
+                    )
+                finally:
+                    slot.lock.release()
             finally:
-                slot.lock.release()
-        finally:
-            self._leave_slot(slot_key, slot)
-            if timed_out and waiter is not None:
+                self._leave_slot(slot_key, slot)
+        except BaseException:
+            if not turn and waiter is not None:
+                # Timed out, interrupted or failed before our turn (the wait loop leaves the
+                # queue itself).
                 self._leave_queue(key, waiter, spec)
+            raise
 
     def _wait_turn(
         self,
@@ -1393,10 +1600,11 @@ class LockClient:
         slot: _Slot | None,
         queued: str | None,
         below: str = "",
+        failure: BackendError | None = None,
     ) -> tuple[AcquireResult, float]:
         """Retry until acquired or the deadline. ``slot``: this process's turn for ``key``
         (``None`` for a waiter with a place of its own); ``queued``: the id under which the
-        failed attempt queued, if it did."""
+        failed attempt queued, if it did; ``failure``: the last attempt failed transiently."""
         clock = self._clock
         own = spec.kind in _OWN_PLACE
         notifier = self.backend.notifier() if self._notify and spec.wait_strategy == "notify" else None
@@ -1412,10 +1620,12 @@ class LockClient:
             while True:
                 now = clock()
                 if deadline is not None and now >= deadline:
+                    if failure is not None:
+                        raise failure
                     raise self._not_acquired(key, spec, start, result, tries)
                 if self._closed:
                     raise ConfigurationError("the LockClient was closed while waiting", key=key)
-                if notifier is not None and subscription is None:
+                if notifier is not None and subscription is None and failure is None:
                     remaining = SUBSCRIBE_TIMEOUT if deadline is None else min(SUBSCRIBE_TIMEOUT, deadline - now)
                     subscription = notifier.subscribe(key, remaining, waiter)
                     if subscription.active and not own:
@@ -1432,7 +1642,7 @@ class LockClient:
                         attempt=attempt,
                         # a fair waiter that cannot hear its wake-up still re-checks often enough
                         # to keep its place (FAIR_SUBSCRIBE_GRACE)
-                        notified=(subscription is not None and subscription.active) or listens,
+                        notified=failure is None and ((subscription is not None and subscription.active) or listens),
                     )
                     if subscription is not None:
                         woken = subscription.wait(pause)
@@ -1440,8 +1650,17 @@ class LockClient:
                         time.sleep(pause)
                     attempt += 1
                 sent = clock()
-                # Woken for this release but beaten to it: keep the head of the queue.
-                result = self._try(key, token, lease_time, spec, waiter, woken and not own, below)
+                try:
+                    # Woken for this release but beaten to it: keep the head of the queue.
+                    result = self._try(key, token, lease_time, spec, waiter, woken and not own, below)
+                except BackendError as exc:
+                    # A store restarting or failing over: keep trying until the wait runs out.
+                    if not exc.transient:
+                        raise
+                    log.debug("%r: attempt failed, retrying while the wait lasts: %s", key, exc)
+                    failure, result = exc, AcquireResult(False)
+                    continue
+                failure = None
                 tries += 1
                 if result.acquired:
                     waiter = None  # the acquire script took us off the queue
@@ -1485,7 +1704,10 @@ class LockClient:
             if slot.users == 0 and self._slots.get(key) is slot:
                 del self._slots[key]
 
-    def _reenter(self, lease: Lease) -> Lease:
+    def _enter_hold(self, lease: Lease) -> _Hold | None:
+        """Count one more hold of ``lease`` before asking the store (so that an outer call
+        returning meanwhile cannot release the lock under it); ``None`` when its last hold
+        was already given back (the caller then takes the lock afresh)."""
         if lease.lost:
             raise LockLost(
                 f"cannot re-enter {lease.key!r}: its lease is lost ({lease.lost_reason})",
@@ -1493,7 +1715,16 @@ class LockClient:
                 reason=lease.lost_reason or "expired",
                 lease=lease,
             )
-        result: AcquireResult = _reenter_call(self.backend, lease.key, lease.token, lease.kind)
+        hold = self._new_hold(lease)
+        with self._count_lock:
+            if not lease._refs:
+                return None
+            lease._refs.add(hold.ref)
+        return hold
+
+    def _entered(self, hold: _Hold, result: AcquireResult) -> None:
+        """Settle a re-entry once the store said whether the lease is still ours."""
+        lease = hold.lease
         if not result.acquired:
             self._lost_here(lease, "not-owner")
             raise LockLost(
@@ -1502,37 +1733,36 @@ class LockClient:
                 reason="not-owner",
                 lease=lease,
             )
-        lease._enter()
         with self._count_lock:
             self._counts["reentered"] += 1
-        return lease
 
-    def _release(self, lease: Lease) -> None:
-        """Drop one hold of ``lease``; on the last, stop the watchdog and delete the key.
+    def _reenter(self, lease: Lease) -> _Hold | None:
+        """Re-enter ``lease`` (see :meth:`_enter_hold`); the store is asked whether it still
+        has the lease for this owner (it only checks: holds are counted here, one place for
+        every kind). Any failure gives the counted hold back."""
+        hold = self._enter_hold(lease)
+        if hold is None:
+            return None
+        try:
+            self._entered(hold, _reenter_call(self.backend, lease.key, lease.token, lease.kind))
+        except BaseException:
+            self._release(hold)
+            raise
+        return hold
+
+    def _release(self, hold: _Hold) -> None:
+        """Give back one hold; on the last, stop the watchdog and delete the key.
 
         Never raises for store trouble: a release that fails leaves a key that expires
         with its lease, and the work done under the lock is not undone by it.
         """
-        begun = self._release_begin(lease)
-        if begun is None:
-            return
-        last, batch = begun
-        if batch is not None and lease._renewer is None:
-            # Only a thread-renewed lease's round trip can be waited for here: an async lease's
-            # runs on its event loop. renew.lua extends only a key its token still owns, so a
-            # renewal that lands after this release changes nothing.
-            batch.done.wait()
-        if not self._release_ready(lease, last) or (lease.kind in _LOCAL_HOLDS and not last):
-            return  # such kinds count re-entry holds here, not in the store
-        code: ReleaseResult | BackendError
-        try:
-            code = _release_call(self.backend, lease.key, lease.token, lease.kind)
-        except BackendError as exc:
-            code = exc
-        self._release_done(lease, last, code)
+        ref = hold.ref
+        assert ref is not None
+        self._give_back_to_store(ref)
 
-    def _release_when_done(self, lease: Lease, outcome: Outcome) -> None:
+    def _release_when_done(self, hold: _Hold, outcome: Outcome) -> None:
         assert outcome.future is not None
+        key = hold.lease.key
 
         def release(future: Any) -> None:
             if not future.cancelled() and future.exception() is not None:
@@ -1540,37 +1770,39 @@ class LockClient:
                 # only place the body's own failure can still be seen.
                 release_log.warning(
                     "the body that held %r finished after its caller stopped waiting, and raised %r",
-                    lease.key,
+                    key,
                     future.exception(),
                 )
             try:
-                self._release(lease)
+                self._release(hold)
             except Exception:  # noqa: BLE001 # pragma: no cover - _release does not raise for the store
-                release_log.exception("deferred release of %r failed", lease.key)
+                release_log.exception("deferred release of %r failed", key)
 
         outcome.future.add_done_callback(release)
 
     def _lost_here(self, lease: Lease, reason: str) -> None:
         """The caller's thread learned of the loss (release, re-entry): hook runs here."""
         if lease._mark_lost(reason):
-            self._report_lost(lease, reason)
+            self._report_lost(lease.key, lease.fencing_token, reason)
             _run_hook(lease)
 
-    def _watchdog_lost(self, lease: Lease, reason: str) -> None:
+    def _watchdog_lost(self, record: Renewal, reason: str) -> None:
         """Report a lease the timer or watchdog gave up; the hook runs on the hook thread."""
-        self._report_lost(lease, reason)
-        if lease._on_lost is not None:
-            self._hooks.submit(lease)
+        lease = None if record.lease_ref is None else record.lease_ref()
+        if lease is None:
+            # Nobody holds the lease object any more (the sweep releases what is left).
+            if record.lost_reason is None:
+                record.lost_reason = reason
+            return
+        if lease._mark_lost(reason):
+            self._report_lost(lease.key, lease.fencing_token, reason)
+            if lease._on_lost is not None:
+                self._hooks.submit(lease)
 
-    def _report_lost(self, lease: Lease, reason: str) -> None:
+    def _report_lost(self, key: str, fencing_token: int, reason: str) -> None:
         with self._count_lock:
             self._counts["lost"] += 1
-        lost_log.warning(
-            "lease on %r lost (%s); fencing token %d is stale from now on",
-            lease.key,
-            reason,
-            lease.fencing_token,
-        )
+        lost_log.warning("lease on %r lost (%s); fencing token %d is stale from now on", key, reason, fencing_token)
 
     def _run(
         self,
@@ -1587,12 +1819,13 @@ class LockClient:
         ``on_failure`` turns a busy lock into a fallback result.
         """
         if on_failure is None:
-            lease = self._acquire(key, spec)
+            hold = self._acquire(key, spec)
         else:
             try:
-                lease = self._acquire(key, spec)
+                hold = self._acquire(key, spec)
             except LockNotAcquired as exc:
                 return on_failure(exc)
+        lease = hold.lease
         outcome: Outcome | None = None
         held = None
         try:
@@ -1602,9 +1835,9 @@ class LockClient:
             if held is not None:
                 _HELD.reset(held)
             if outcome is not None and outcome.abandoned:
-                self._release_when_done(lease, outcome)
+                self._release_when_done(hold, outcome)
             else:
-                self._release(lease)
+                self._release(hold)
         return self._settle(lease, outcome)
 
     @staticmethod
@@ -1636,7 +1869,7 @@ class LockClient:
     # -- the asyncio engine: the twins of the methods above, sharing every step -----------
 
     def _loop_state(self) -> _LoopState:
-        """The running loop's async backend, renewer and waiter slots, made on first use."""
+        """The running loop's async backend and waiter slots, made on first use."""
         loop = asyncio.get_running_loop()
         state = self._last_state
         if state is not None and state.loop is loop:
@@ -1648,7 +1881,7 @@ class LockClient:
                 if twin is None:
                     raise ConfigurationError(f"{type(self.backend).__name__} has no asyncio support")
                 backend = twin()
-                state = _LoopState(loop, backend, LoopRenewer(self._watchdog, loop, backend), self._forget_state)
+                state = _LoopState(loop, backend, self._forget_state)
                 self._states[loop] = state
         self._last_state = state
         return state
@@ -1661,47 +1894,67 @@ class LockClient:
             if self._last_state is state:
                 self._last_state = None
 
-    async def _aacquire(self, key: str, spec: LockSpec) -> Lease:
+    async def _aacquire(self, key: str, spec: LockSpec) -> _Hold:
+        """:meth:`_acquire` for a task."""
         held = self._held_here(key, spec.kind)
         state = self._loop_state()
         if held is not None:
-            return await self._areenter(held, state)
+            hold = await self._areenter(held, state)
+            if hold is not None:
+                return hold
         below = self._below(key, spec)
         plan = self._plan(spec)
         token = _token()
         waiter = self._own_waiter(spec) if spec.kind in _OWN_PLACE else self._early_async_waiter(state, key, spec)
         sent = self._clock()
+        failure: BackendError | None = None
         try:
             result = await self._atry(state, key, token, plan.lease_time, spec, waiter, below=below)
+        except BackendError as exc:
+            if waiter is not None:
+                await self._aleave_queue(state, key, waiter, spec, _slot_key(key, spec) in state.slots)
+            if not exc.transient or spec.wait == 0:
+                raise
+            result, failure, waiter = AcquireResult(False), exc, None
         except BaseException:
             if waiter is not None:
                 await self._aleave_queue(state, key, waiter, spec, _slot_key(key, spec) in state.slots)
             raise
         if not result.acquired:
-            result, sent = await self._await(state, key, token, plan.lease_time, spec, sent, result, waiter, below)
-        if self._too_few_replicas(result):
-            await self._adiscard(state, key, token, spec)
-            raise self._not_replicated(key, result)
+            result, sent = await self._await(
+                state, key, token, plan.lease_time, spec, sent, result, waiter, below, failure
+            )
         try:
-            return self._new_lease(key, token, result, spec, plan, sent, state.renewer)
+            # Before Python 3.12 a cancellation that lands as redis-py completes a write can be
+            # swallowed (asyncio.wait_for): it must not let a cancelled task into its body.
+            _raise_if_cancel_lost()
+            if self._too_few_replicas(result):
+                raise self._not_replicated(key, result)
+            return self._new_lease(key, token, result, spec, plan, sent, state.loop)
         except BaseException:
             await self._adiscard(state, key, token, spec)
             raise
 
-    async def _aacquire_multi(self, keys: tuple[str, ...], spec: LockSpec) -> MultiLease:
+    async def _aacquire_multi(self, keys: tuple[str, ...], spec: LockSpec) -> list[_Hold]:
         """:meth:`_acquire_multi` for a task."""
         held = self._multi_held(keys)
         state = self._loop_state()
         if held is not None:
-            entered: list[Lease] = []
+            entered: list[_Hold] = []
             try:
                 for lease in held:
-                    entered.append(await self._areenter(lease, state))
+                    hold = await self._areenter(lease, state)
+                    if hold is None:
+                        break
+                    entered.append(hold)
+                else:
+                    return entered
             except BaseException:
-                for lease in entered:
-                    await self._arelease_shielded(lease, state)
+                for made in entered:
+                    await self._arelease_shielded(made, state)
                 raise
-            return MultiLease(entered)
+            for made in entered:
+                await self._arelease_shielded(made, state)
         plan = self._plan(spec)
         token = _token()
         own = "n" + _urandom(8).hex()
@@ -1714,27 +1967,33 @@ class LockClient:
         watched: str | None = None
         waiter: str | None = None
         attempt = tries = 0
+        failure: BackendError | None = None
         try:
             while True:
                 _raise_if_cancel_lost()
                 sent = clock()
                 try:
                     result = await state.backend.multi_acquire(keys, token, plan.lease_time, waiter)
-                except ConfigurationError:
-                    raise
-                except BaseException:
-                    await self._adiscard_all(state, keys, token)
-                    raise
+                    failure = None
+                except BackendError as exc:
+                    # The attempt left nothing behind (the backend undoes a failed attempt).
+                    now = clock()
+                    if not exc.transient or spec.wait == 0 or (deadline is not None and now >= deadline):
+                        raise
+                    failure = exc
+                    result = MultiAcquireResult(False, busy=watched or keys[0])
                 tries += 1
                 if result.acquired:
                     waiter = None
                     break
                 now = clock()
                 if deadline is not None and now >= deadline:
+                    if failure is not None:
+                        raise failure
                     raise self._not_acquired(result.busy or keys[0], spec, start, _busy(result), tries)
                 if self._closed:
                     raise ConfigurationError("the LockClient was closed while waiting", key=keys[0])
-                if notifier is not None and result.busy != watched:
+                if notifier is not None and failure is None and result.busy != watched:
                     if subscription is not None:
                         notifier.unsubscribe(subscription)
                         subscription = None
@@ -1761,21 +2020,19 @@ class LockClient:
             if subscription is not None and notifier is not None:
                 notifier.unsubscribe(subscription)
             await self._aleave_queue_of(state, watched, waiter)
-        if self._too_few_replicas(result):
-            await self._adiscard_all(state, keys, token)
-            raise self._not_replicated(keys[0], result)
-        leases: list[Lease] = []
+        holds: list[_Hold] = []
         try:
+            _raise_if_cancel_lost()
+            if self._too_few_replicas(result):
+                raise self._not_replicated(keys[0], result)
             for key, fence in zip(keys, result.fencing_tokens, strict=True):
-                leases.append(
-                    self._new_lease(key, token, AcquireResult(True, fence, 1), spec, plan, sent, state.renewer)
-                )
+                holds.append(self._new_lease(key, token, AcquireResult(True, fence, 1), spec, plan, sent, state.loop))
         except BaseException:
-            for made in leases:
+            for made in holds:
                 await self._arelease_shielded(made, state)
-            await self._adiscard_all(state, keys[len(leases) :], token)
+            await self._adiscard_all(state, keys[len(holds) :], token)
             raise
-        return MultiLease(leases)
+        return holds
 
     async def _adiscard_all(self, state: _LoopState, keys: Sequence[str], token: str) -> None:
         async def discard() -> None:
@@ -1837,15 +2094,9 @@ class LockClient:
         front: bool = False,
         below: str = "",
     ) -> AcquireResult:
-        try:
-            result: AcquireResult = await _acquire_call(
-                state.backend, key, token, lease_time, spec, waiter, front, below
-            )
-        except BaseException:
-            # Cancelled or failed after the request may have reached the store: release the
-            # token before giving up (a release with a token that holds nothing is a no-op).
-            await self._adiscard(state, key, token, spec)
-            raise
+        # A failed or cancelled attempt leaves no lock behind: the backend sends the release
+        # on the same connection right behind the attempt (see _try).
+        result: AcquireResult = await _acquire_call(state.backend, key, token, lease_time, spec, waiter, front, below)
         self._check_permits(key, spec, result)
         return result
 
@@ -1869,23 +2120,26 @@ class LockClient:
         result: AcquireResult,
         waiter: str | None = None,
         below: str = "",
+        failure: BackendError | None = None,
     ) -> tuple[AcquireResult, float]:
         """:meth:`_wait` for a task: queue behind this loop's other waiters for ``key``."""
-        _raise_if_cancel_lost()
         deadline = _policy.wait_deadline(start, spec.wait)
-        if deadline is not None and self._clock() >= deadline:
-            if waiter is not None:
-                await self._aleave_queue(state, key, waiter, spec, _slot_key(key, spec) in state.slots)
-            raise self._not_acquired(key, spec, start, result, 1)
-        if spec.kind in _OWN_PLACE:
-            return await self._await_turn(
-                state, key, token, lease_time, spec, start, deadline, result, None, waiter, below
-            )
-        queued = waiter is not None
         slot_key = _slot_key(key, spec)
-        slot = state.join_slot(slot_key)
+        slot: _AsyncSlot | None = None
         turn = False
         try:
+            _raise_if_cancel_lost()
+            if deadline is not None and self._clock() >= deadline:
+                if failure is not None:
+                    raise failure
+                raise self._not_acquired(key, spec, start, result, 1)
+            if spec.kind in _OWN_PLACE:
+                turn = True  # the wait loop leaves the queue itself
+                return await self._await_turn(
+                    state, key, token, lease_time, spec, start, deadline, result, None, waiter, below, failure
+                )
+            queued = waiter is not None
+            slot = state.join_slot(slot_key)
             if slot.users > 1:
                 queued = False  # others of ours wait too: one of them may have used our place
             if not slot.lock.locked():
@@ -1902,17 +2156,31 @@ class LockClient:
             turn = True
             try:
                 return await self._await_turn(
-                    state, key, token, lease_time, spec, start, deadline, result, slot, waiter if queued else None
+                    state,
+                    key,
+                    token,
+                    lease_time,
+                    spec,
+                    start,
+                    deadline,
+                    result,
+                    slot,
+                    waiter if queued else None,
+                    "",
+                    failure,
                 )
             finally:
                 slot.lock.release()
         except BaseException:
             if not turn and waiter is not None:
-                # Timed out or cancelled before our turn (the wait loop leaves the queue itself).
-                await self._aleave_queue(state, key, waiter, spec, slot.users > 1)
+                # Timed out, cancelled or failed before our turn, at any await point (the wait
+                # loop leaves the queue itself).
+                others = slot.users > 1 if slot is not None else slot_key in state.slots
+                await self._aleave_queue(state, key, waiter, spec, others)
             raise
         finally:
-            state.leave_slot(slot_key, slot)
+            if slot is not None:
+                state.leave_slot(slot_key, slot)
 
     async def _await_turn(
         self,
@@ -1927,6 +2195,7 @@ class LockClient:
         slot: _AsyncSlot | None,
         queued: str | None,
         below: str = "",
+        failure: BackendError | None = None,
     ) -> tuple[AcquireResult, float]:
         """:meth:`_wait_turn` for a task."""
         clock = self._clock
@@ -1943,10 +2212,12 @@ class LockClient:
                 _raise_if_cancel_lost()
                 now = clock()
                 if deadline is not None and now >= deadline:
+                    if failure is not None:
+                        raise failure
                     raise self._not_acquired(key, spec, start, result, tries)
                 if self._closed:
                     raise ConfigurationError("the LockClient was closed while waiting", key=key)
-                if notifier is not None and subscription is None:
+                if notifier is not None and subscription is None and failure is None:
                     remaining = SUBSCRIBE_TIMEOUT if deadline is None else min(SUBSCRIBE_TIMEOUT, deadline - now)
                     subscription = await notifier.subscribe(key, remaining, waiter)
                     if subscription.active and not own:
@@ -1963,7 +2234,7 @@ class LockClient:
                         attempt=attempt,
                         # a fair waiter that cannot hear its wake-up still re-checks often enough
                         # to keep its place (FAIR_SUBSCRIBE_GRACE)
-                        notified=(subscription is not None and subscription.active) or listens,
+                        notified=failure is None and ((subscription is not None and subscription.active) or listens),
                     )
                     if subscription is not None:
                         woken = await subscription.wait(pause)
@@ -1971,8 +2242,16 @@ class LockClient:
                         await asyncio.sleep(pause)
                     attempt += 1
                 sent = clock()
-                # Woken for this release but beaten to it: keep the head of the queue.
-                result = await self._atry(state, key, token, lease_time, spec, waiter, woken and not own, below)
+                try:
+                    # Woken for this release but beaten to it: keep the head of the queue.
+                    result = await self._atry(state, key, token, lease_time, spec, waiter, woken and not own, below)
+                except BackendError as exc:
+                    if not exc.transient:
+                        raise
+                    log.debug("%r: attempt failed, retrying while the wait lasts: %s", key, exc)
+                    failure, result = exc, AcquireResult(False)
+                    continue
+                failure = None
                 tries += 1
                 if result.acquired:
                     waiter = None  # the acquire script took us off the queue
@@ -1992,62 +2271,46 @@ class LockClient:
                 with contextlib.suppress(BaseException):
                     await _shielded(state, unqueue())
 
-    async def _areenter(self, lease: Lease, state: _LoopState) -> Lease:
-        if lease.lost:
-            raise LockLost(
-                f"cannot re-enter {lease.key!r}: its lease is lost ({lease.lost_reason})",
-                key=lease.key,
-                reason=lease.lost_reason or "expired",
-                lease=lease,
-            )
-        # Shielded, and awaited to the end even when the caller is cancelled: a re-entry that
-        # ran in the store added a hold that must be given back, and only its answer tells.
-        backend = state.backend
-        attempt = state.spawn(_reenter_call(backend, lease.key, lease.token, lease.kind))
+    async def _areenter(self, lease: Lease, state: _LoopState) -> _Hold | None:
+        """:meth:`_reenter` for a task. The store only checks (holds are counted here), so a
+        cancelled check changes nothing there: the counted hold is given back."""
+        hold = self._enter_hold(lease)
+        if hold is None:
+            return None
         try:
-            result = await asyncio.shield(attempt)
-        except asyncio.CancelledError:
-            with contextlib.suppress(BaseException):
-                result = await attempt
-                if result.acquired and lease.kind not in _LOCAL_HOLDS:  # only a lock's re-entry adds a hold
-                    await _shielded(state, state.backend.release(lease.key, lease.token, lease.fair))
+            self._entered(hold, await _reenter_call(state.backend, lease.key, lease.token, lease.kind))
+        except BaseException:
+            assert hold.ref is not None
+            last = self._give_back(hold.ref)  # no await unless it was the last hold
+            if last is not None:
+                await _shielded(state, self._arelease_store(last, state))
             raise
-        if not result.acquired:
-            self._lost_here(lease, "not-owner")
-            raise LockLost(
-                f"cannot re-enter {lease.key!r}: the store no longer has it for this owner",
-                key=lease.key,
-                reason="not-owner",
-                lease=lease,
-            )
-        lease._enter()
-        with self._count_lock:
-            self._counts["reentered"] += 1
-        return lease
+        return hold
 
-    async def _arelease(self, lease: Lease, state: _LoopState) -> None:
+    async def _arelease(self, hold: _Hold, state: _LoopState) -> None:
         """:meth:`_release` for a task; run it through :meth:`_arelease_shielded`."""
-        begun = self._release_begin(lease)
-        if begun is None:
-            return
-        last, batch = begun
-        if batch is not None and lease._renewer is not None and lease._renewer.loop is state.loop:
-            # Only this loop's renewal round trip can be awaited (see _release).
-            await batch.done.wait()
-        if not self._release_ready(lease, last) or (lease.kind in _LOCAL_HOLDS and not last):
-            return
+        ref = hold.ref
+        assert ref is not None
+        lease = self._give_back(ref)
+        if lease is not None:
+            await self._arelease_store(lease, state)
+
+    async def _arelease_store(self, lease: Lease, state: _LoopState) -> None:
+        """Release ``lease`` (its last hold was given back) in the store."""
         code: ReleaseResult | BackendError
         try:
             code = await _release_call(state.backend, lease.key, lease.token, lease.kind)
         except BackendError as exc:
             code = exc
-        self._release_done(lease, last, code)
+        except BaseException:
+            self._watchdog.released(lease._record)  # nobody holds it: let it expire
+            raise
+        self._release_done(lease, code)
 
-    async def _arelease_shielded(self, lease: Lease, state: _LoopState) -> None:
+    async def _arelease_shielded(self, hold: _Hold, state: _LoopState) -> None:
         """Release in a task of its own: a caller cancelled meanwhile stops waiting, the
-        release does not (and never waits on anything but its own round trip and, at most,
-        one renewal round trip of the same lease)."""
-        await _shielded(state, self._arelease(lease, state))
+        release does not (and waits on nothing but its own round trip)."""
+        await _shielded(state, self._arelease(hold, state))
 
     async def _arun(
         self,
@@ -2060,12 +2323,13 @@ class LockClient:
     ) -> Any:
         """:meth:`_run` for ``async def``: the body runs as a task, cancelled if the lease is lost."""
         try:
-            lease = await self._aacquire(key, spec)
+            hold = await self._aacquire(key, spec)
         except LockNotAcquired as exc:
             if on_failure is None:
                 raise
             value = on_failure(exc)
             return await value if inspect.isawaitable(value) else value
+        lease = hold.lease
         state = self._loop_state()
         loop = state.loop
         held = _push(lease)
@@ -2073,7 +2337,7 @@ class LockClient:
             body = loop.create_task(fn(*args, **kwargs))  # a copy of this context: it holds the lease
         except BaseException:
             _HELD.reset(held)
-            await self._arelease_shielded(lease, state)
+            await self._arelease_shielded(hold, state)
             raise
         _HELD.reset(held)
         lost_cancel = _LostCancel(loop, body)
@@ -2086,7 +2350,7 @@ class LockClient:
                 # We were cancelled: the body got the cancellation too; let it finish its own
                 # cleanup before the lock goes.
                 await asyncio.wait({body})
-            await self._arelease_shielded(lease, state)
+            await self._arelease_shielded(hold, state)
             if lost_cancel.fired and not _cancelling():
                 raise LockLost(
                     f"lease on {key!r} lost ({lease.lost_reason or 'expired'}); the body was cancelled",
@@ -2097,7 +2361,7 @@ class LockClient:
                 ) from exc
             raise
         except BaseException as exc:
-            await self._arelease_shielded(lease, state)
+            await self._arelease_shielded(hold, state)
             if lease.lost and isinstance(exc, Exception):
                 reason = lease.lost_reason or "expired"
                 raise LockLost(
@@ -2108,7 +2372,7 @@ class LockClient:
                     exception=exc,
                 ) from exc
             raise
-        await self._arelease_shielded(lease, state)
+        await self._arelease_shielded(hold, state)
         if lease.lost:
             reason = lease.lost_reason or "expired"
             raise LockLost(
@@ -2147,8 +2411,11 @@ class LockClient:
             reset()
         self._count_lock = threading.Lock()
         self._counts = dict.fromkeys(self._counts, 0)
-        self._held = 0
         self._held_keys = {}
+        # The parent's holds, waiter slots and event loops: none of them is this process's.
+        self._leases = set()
+        self._orphans.clear()
+        self._slots = {}
         self._states = weakref.WeakKeyDictionary()
         self._last_state = None
         self._epoch += 1
@@ -2223,23 +2490,23 @@ class LockBlock:
     :class:`~lockaspect.LockLost` (chained to that cancellation) instead of ``CancelledError``.
     """
 
-    __slots__ = ("_active", "_client", "_key", "_lease", "_lost_cancel", "_spec", "_token")
+    __slots__ = ("_client", "_hold", "_key", "_lost_cancel", "_spec", "_token")
 
     def __init__(self, client: LockClient, key: str, spec: LockSpec) -> None:
         self._client = client
         self._key = key
         self._spec = spec
-        self._lease: Lease | None = None
+        self._hold: _Hold | None = None
         self._token: Any = None
         self._lost_cancel: _LostCancel | None = None
 
     def __enter__(self) -> Lease:
-        if self._lease is not None:
+        if self._hold is not None:
             raise RuntimeError("this lock block is already entered; call client.lock() again")
-        lease = self._client._acquire(self._key, self._spec)
-        self._lease = lease
-        self._token = _push(lease)
-        return lease
+        hold = self._client._acquire(self._key, self._spec)
+        self._hold = hold
+        self._token = _push(hold.lease)
+        return hold.lease
 
     def __exit__(
         self,
@@ -2247,19 +2514,20 @@ class LockBlock:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        lease, self._lease = self._lease, None
-        assert lease is not None
+        hold, self._hold = self._hold, None
+        assert hold is not None
         try:
             _HELD.reset(self._token)
         finally:
-            self._client._release(lease)
-        _raise_if_lost(lease, exc)
+            self._client._release(hold)
+        _raise_if_lost(hold.lease, exc)
 
     async def __aenter__(self) -> Lease:
-        if self._lease is not None:
+        if self._hold is not None:
             raise RuntimeError("this lock block is already entered; call client.lock() again")
-        lease = await self._client._aacquire(self._key, self._spec)
-        self._lease = lease
+        hold = await self._client._aacquire(self._key, self._spec)
+        self._hold = hold
+        lease = hold.lease
         self._token = _push(lease)
         task = asyncio.current_task()
         if task is not None:
@@ -2273,8 +2541,9 @@ class LockBlock:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        lease, self._lease = self._lease, None
-        assert lease is not None
+        hold, self._hold = self._hold, None
+        assert hold is not None
+        lease = hold.lease
         lost_cancel, self._lost_cancel = self._lost_cancel, None
         if lost_cancel is not None:
             lost_cancel.task = _DONE  # from here on a loss must not cancel the task
@@ -2282,7 +2551,7 @@ class LockBlock:
         try:
             _HELD.reset(self._token)
         finally:
-            await self._client._arelease_shielded(lease, self._client._loop_state())
+            await self._client._arelease_shielded(hold, self._client._loop_state())
         if lost_cancel is not None and lost_cancel.fired and isinstance(exc, asyncio.CancelledError):
             task = asyncio.current_task()
             uncancel = getattr(task, "uncancel", None)
@@ -2304,13 +2573,14 @@ class MultiLockBlock:
     """The context manager returned by :meth:`LockClient.multi_lock`, for ``with`` and
     ``async with``; like :class:`LockBlock`, with a :class:`~lockaspect.lease.MultiLease`."""
 
-    __slots__ = ("_client", "_keys", "_lost_cancel", "_multi", "_spec", "_tokens")
+    __slots__ = ("_client", "_holds", "_keys", "_lost_cancel", "_multi", "_spec", "_tokens")
 
     def __init__(self, client: LockClient, keys: tuple[str, ...], spec: LockSpec) -> None:
         self._client = client
         self._keys = keys
         self._spec = spec
         self._multi: MultiLease | None = None
+        self._holds: list[_Hold] = []
         self._tokens: list[Any] = []
         self._lost_cancel: _LostCancel | None = None
 
@@ -2322,8 +2592,9 @@ class MultiLockBlock:
     def __enter__(self) -> MultiLease:
         if self._multi is not None:
             raise RuntimeError("this lock block is already entered; call client.multi_lock() again")
-        multi = self._client._acquire_multi(self._keys, self._spec)
-        self._multi = multi
+        holds = self._client._acquire_multi(self._keys, self._spec)
+        self._holds = holds
+        self._multi = multi = MultiLease([hold.lease for hold in holds])
         self._tokens = [_push(lease) for lease in multi.leases]
         return multi
 
@@ -2343,19 +2614,21 @@ class MultiLockBlock:
     ) -> None:
         multi = self._multi
         assert multi is not None
+        holds, self._holds = self._holds, []
         try:
             self._unwind()
         finally:
-            for lease in reversed(multi.leases):
-                self._client._release(lease)
+            for hold in reversed(holds):
+                self._client._release(hold)
         for lease in multi.leases:
             _raise_if_lost(lease, exc)
 
     async def __aenter__(self) -> MultiLease:
         if self._multi is not None:
             raise RuntimeError("this lock block is already entered; call client.multi_lock() again")
-        multi = await self._client._aacquire_multi(self._keys, self._spec)
-        self._multi = multi
+        holds = await self._client._aacquire_multi(self._keys, self._spec)
+        self._holds = holds
+        self._multi = multi = MultiLease([hold.lease for hold in holds])
         self._tokens = [_push(lease) for lease in multi.leases]
         task = asyncio.current_task()
         if task is not None:
@@ -2372,6 +2645,7 @@ class MultiLockBlock:
     ) -> None:
         multi = self._multi
         assert multi is not None
+        holds, self._holds = self._holds, []
         lost_cancel, self._lost_cancel = self._lost_cancel, None
         if lost_cancel is not None:
             lost_cancel.task = _DONE
@@ -2381,8 +2655,8 @@ class MultiLockBlock:
             self._unwind()
         finally:
             state = self._client._loop_state()
-            for lease in reversed(multi.leases):
-                await self._client._arelease_shielded(lease, state)
+            for hold in reversed(holds):
+                await self._client._arelease_shielded(hold, state)
         if lost_cancel is not None and lost_cancel.fired and isinstance(exc, asyncio.CancelledError):
             task = asyncio.current_task()
             uncancel = getattr(task, "uncancel", None)

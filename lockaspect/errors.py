@@ -145,7 +145,17 @@ class BackendError(LockError):
     Chained to the driver's exception when there is one (``raise BackendError(...) from
     exc``). The lock state is unknown to the caller; lockaspect has already cleaned up what
     it could.
+
+    Attributes:
+        transient: ``True`` for a failure that retrying may cure (a connection refused or
+            reset, a timeout: a server restarting, a failover). A waiting acquire retries
+            those with backoff until its ``wait`` runs out; other errors (a refused command,
+            a permission error) end the wait at once.
     """
+
+    def __init__(self, message: str, *, key: str | None = None, transient: bool = False) -> None:
+        super().__init__(message, key=key)
+        self.transient = transient
 
 
 class NotReplicated(BackendError):

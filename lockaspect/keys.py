@@ -15,6 +15,14 @@ character, so distinct arguments always give distinct keys. ``<<`` and ``>>`` wr
 ``<`` and ``>``. ``{`` and ``}`` may not appear in templates: they delimit the store's
 hash tag.
 
+Parsing and rendering take bounded time and memory whatever the input: a template is at
+most :data:`MAX_TEMPLATE_LENGTH` characters and each expression nests at most
+:data:`MAX_EXPRESSION_DEPTH` levels, checked by a linear pre-scan before :func:`ast.parse`
+sees the text (so ``<---...---x>`` or ``<a.b.b...b>`` cannot exhaust the parser or the
+recursion limit) and again on the parsed tree. At call time an ``int`` too long for a key
+(or one past Python's int-to-str digit limit), and any value whose conversion raises,
+gives a :class:`KeyTemplateError` naming the placeholder, before any I/O.
+
 This module does no I/O and knows nothing about stores or namespaces.
 """
 
@@ -23,6 +31,7 @@ from __future__ import annotations
 import ast
 import enum
 import inspect
+import keyword
 import operator
 import re
 import threading
@@ -36,6 +45,8 @@ from .errors import KeyTemplateError
 
 __all__ = [
     "DEFAULT_MAX_KEY_BYTES",
+    "MAX_EXPRESSION_DEPTH",
+    "MAX_TEMPLATE_LENGTH",
     "ArgumentNames",
     "KeyTemplate",
     "check_key",
@@ -46,6 +57,17 @@ __all__ = [
 
 #: Longest rendered key accepted, in UTF-8 bytes.
 DEFAULT_MAX_KEY_BYTES: Final = 1024
+
+#: Longest key template accepted, in characters (4 KiB of ASCII text): four times the
+#: :data:`DEFAULT_MAX_KEY_BYTES` a rendered key may have, so no real template comes near it.
+#: Checked first, so nothing else ever looks at more text than this.
+MAX_TEMPLATE_LENGTH: Final = 4096
+
+#: Deepest nesting of one placeholder's expression: the levels of its syntax tree, where
+#: ``<user>`` is 1, ``<user.id>`` 2, ``<order.items[0].sku>`` 4 and each bracket, attribute,
+#: subscript, call or unary minus adds one. Real templates stay well below it; a deeper
+#: expression would cost the parser and the evaluator recursion and memory.
+MAX_EXPRESSION_DEPTH: Final = 32
 
 #: Names every template may use besides the parameters (a parameter of the same name wins).
 RESERVED_NAMES: Final = frozenset({"args", "kwargs", "func"})
@@ -141,12 +163,12 @@ def check_key(key: object, *, max_bytes: int = DEFAULT_MAX_KEY_BYTES, template: 
     return key
 
 
-def _render_value(value: Any, expression: str, template: str) -> str:
+def _render_value(value: Any, expression: str, template: str, max_bytes: int = DEFAULT_MAX_KEY_BYTES) -> str:
     kind = type(value)
     if kind is str:
         return encode_value(value)
     if kind is int:
-        return str(value)
+        return _int_text(value, expression, template, max_bytes)
     if value is None:
         raise KeyTemplateError(
             f"<{expression}> is None in key template {template!r}",
@@ -174,11 +196,11 @@ def _render_value(value: Any, expression: str, template: str) -> str:
                 )
             return encode_value(text)
     if isinstance(value, enum.Enum):
-        return _render_value(value.value, expression, template)
+        return _render_value(value.value, expression, template, max_bytes)
     if isinstance(value, str):
         return encode_value(str.__str__(value))
     if isinstance(value, int) and not isinstance(value, bool):  # True/1 would share a lock
-        return str(int(value))
+        return _int_text(int(value), expression, template, max_bytes)
     if isinstance(value, uuid.UUID):
         return str(value)
     raise KeyTemplateError(
@@ -187,6 +209,38 @@ def _render_value(value: Any, expression: str, template: str) -> str:
         template=template,
         expression=expression,
     )
+
+
+def _int_text(value: int, expression: str, template: str, max_bytes: int) -> str:
+    """The decimal text of ``value``, refusing an int whose text cannot fit in a key.
+
+    Checked on the bit length, before converting: ``str()`` of a huge int takes time
+    quadratic in its size, and past :func:`sys.get_int_max_str_digits` (4300 digits by
+    default) it raises ``ValueError``. An int of ``b`` bits has at least
+    ``floor((b - 1) * log10(2)) + 1`` decimal digits.
+    """
+    bits = value.bit_length()
+    digits = (bits - 1) * 30103 // 100000 + 1 if bits else 1
+    if digits > max_bytes:
+        raise KeyTemplateError(
+            f"<{expression}> of key template {_abbreviated(template)!r} is an int of at least {digits} "
+            f"digits, too long for a key (cap: {max_bytes} bytes)",
+            template=template,
+            expression=expression,
+        )
+    return str(value)
+
+
+def _abbreviated(text: str, limit: int = 60) -> str:
+    """``text`` cut to ``limit`` characters for an error message."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _safe_str(exc: BaseException) -> str:
+    try:
+        return str(exc)
+    except Exception:  # noqa: BLE001 - a user's __str__ must not replace the KeyTemplateError
+        return f"<unprintable {type(exc).__name__}>"
 
 
 # -- evaluation ---------------------------------------------------------------------------
@@ -277,11 +331,21 @@ class KeyTemplate:
             names: The decorated function's names; every name an expression reads must be
                 one of them. ``None`` skips the check.
             max_bytes: Cap on the rendered key's UTF-8 length.
+
+        A template longer than :data:`MAX_TEMPLATE_LENGTH` characters, or with an
+        expression nested deeper than :data:`MAX_EXPRESSION_DEPTH` levels, is rejected
+        before any of it is parsed.
         """
         if not isinstance(template, str):
             raise TypeError(f"key template must be a str, got {type(template).__name__}")
         if not template:
             raise KeyTemplateError("key template is empty", template=template)
+        if len(template) > MAX_TEMPLATE_LENGTH:
+            raise KeyTemplateError(
+                f"key template is {len(template)} characters, over the {MAX_TEMPLATE_LENGTH}-character cap "
+                f"(starts {template[:40]!r})",
+                template=template,
+            )
         with _registry_lock:
             resolvers = dict(_RESOLVERS)
         pieces: list[str | _Placeholder] = []
@@ -291,6 +355,7 @@ class KeyTemplate:
                 pieces.append(piece)
                 continue
             expression, position = piece
+            _check_nesting(expression, position, template)
             node = _parse_expression(expression, position, template)
             functions: dict[str, Any] = {}
             _check_node(node, expression, position, template, resolvers, used, functions)
@@ -315,13 +380,12 @@ class KeyTemplate:
     def render(self, names: Mapping[str, Any]) -> str:
         """Render the key for one call; raises :class:`KeyTemplateError` before any I/O."""
         out: list[str] = []
-        template = self.template
         for piece in self._pieces:
             if type(piece) is str:
                 out.append(piece)
                 continue
             assert isinstance(piece, _Placeholder)
-            out.append(_render_value(self._evaluate(piece, names), piece.expression, template))
+            out.append(self._render(piece, self._evaluate(piece, names)))
         return self._checked("".join(out))
 
     def render_many(self, names: Mapping[str, Any]) -> list[str]:
@@ -362,9 +426,29 @@ class KeyTemplate:
         for row in rows:
             out = []
             for piece, value in zip(self._pieces, row, strict=True):
-                out.append(value if isinstance(piece, str) else _render_value(value, piece.expression, template))
+                out.append(value if isinstance(piece, str) else self._render(piece, value))
             keys.append(self._checked("".join(out)))
         return keys
+
+    def _render(self, piece: _Placeholder, value: Any) -> str:
+        """One placeholder's value as key text; any failure converting it (an int past
+        Python's int-to-str digit limit, a ``__str__``, ``__int__`` or enum ``value`` that
+        raises, ...) is a :class:`KeyTemplateError` naming the placeholder."""
+        template = self.template
+        try:
+            return _render_value(value, piece.expression, template, self.max_bytes)
+        except KeyTemplateError as exc:
+            if exc.position is None:
+                exc.position = piece.position
+            raise
+        except Exception as exc:
+            raise KeyTemplateError(
+                f"rendering <{piece.expression}> of key template {_abbreviated(template)!r} raised "
+                f"{type(exc).__name__}: {_abbreviated(_safe_str(exc), 200)}",
+                template=template,
+                position=piece.position,
+                expression=piece.expression,
+            ) from exc
 
     def _evaluate(self, piece: _Placeholder, names: Mapping[str, Any]) -> Any:
         template = self.template
@@ -492,6 +576,103 @@ def _placeholder_end(template: str, start: int) -> int:
     )
 
 
+#: Characters of operators, attribute access and slices: each may add a level to the tree.
+_OPERATOR_CHARS: Final = frozenset(".+-*/%@&|^~<>=!:")
+#: Keywords that build a node (``not x``, ``a if c else b``, ``lambda``, ...).
+_NODE_KEYWORDS: Final = frozenset(keyword.kwlist)
+
+
+def _too_deep(expression: str, template: str, at: int) -> KeyTemplateError:
+    return KeyTemplateError(
+        f"<{_abbreviated(expression)}> in key template {_abbreviated(template)!r} at position {at}: "
+        f"the expression nests more than {MAX_EXPRESSION_DEPTH} levels deep",
+        template=template,
+        position=at,
+        expression=expression,
+    )
+
+
+def _check_nesting(expression: str, position: int, template: str) -> None:
+    """Reject an expression nested deeper than :data:`MAX_EXPRESSION_DEPTH`, in one pass
+    over its text, before :func:`ast.parse` (whose parser and tree builder recurse).
+
+    The estimate counts, per bracket level, the operator characters, attribute dots,
+    colons, keywords and the calls or subscripts chained since that level's last ``,``
+    (which counts one, for a tuple); an opening bracket adds one level, and the estimate is
+    1 plus the counts of all open levels. It errs on the high side (``<((x))>`` counts 3),
+    and stops ``<------x>``, ``<a.b.b.b...>``, ``<a[0][0]...>`` and ``<f(f(f(...)))>``
+    alike after at most ``MAX_EXPRESSION_DEPTH`` steps of nesting; the parsed tree is
+    checked exactly afterwards.
+    """
+    levels = [0]
+    depth = 1
+    i, n = 0, len(expression)
+    while i < n:
+        start = i
+        char = expression[i]
+        if char in "'\"":
+            i = _string_end(expression, i)
+            continue
+        if char.isalpha() or char == "_":
+            j = i + 1
+            while j < n and (expression[j].isalnum() or expression[j] == "_"):
+                j += 1
+            if expression[i:j] in _NODE_KEYWORDS:
+                levels[-1] += 1
+                depth += 1
+            i = j
+        else:
+            if char in "([":
+                levels[-1] += 1
+                levels.append(0)
+                depth += 1
+            elif char in ")]":
+                if len(levels) > 1:  # an unbalanced one is left to ast.parse to report
+                    depth -= levels.pop()
+            elif char == ",":
+                depth -= levels[-1] - 1
+                levels[-1] = 1
+            elif char in _OPERATOR_CHARS:
+                levels[-1] += 1
+                depth += 1
+            i += 1
+        if depth > MAX_EXPRESSION_DEPTH:
+            raise _too_deep(expression, template, position + start)
+
+
+def _string_end(expression: str, start: int) -> int:
+    """The index after the string literal opening at ``start`` (or the end of the text)."""
+    quote = expression[start]
+    if expression.startswith(quote * 3, start):
+        quote *= 3
+    i, n = start + len(quote), len(expression)
+    while i < n:
+        if expression[i] == "\\":
+            i += 2
+        elif expression.startswith(quote, i):
+            return i + len(quote)
+        else:
+            i += 1
+    return n
+
+
+def _tree_depth(node: ast.AST) -> int:
+    """Levels of the tree under ``node`` (``node`` alone: 1), without recursion; operator
+    and context nodes (``ast.USub``, ``ast.Load``) do not count."""
+    deepest = 0
+    stack = [(node, 1)]
+    while stack:
+        current, depth = stack.pop()
+        deepest = max(deepest, depth)
+        for child in ast.iter_child_nodes(current):
+            if not isinstance(child, _LEAF_NODES):
+                stack.append((child, depth + 1))
+    return deepest
+
+
+_LEAF_NODES: Final = (ast.expr_context, ast.boolop, ast.operator, ast.unaryop, ast.cmpop)
+
+
 def _parse_expression(expression: str, position: int, template: str) -> ast.expr:
     try:
         tree = ast.parse(expression.strip(), mode="eval")
@@ -504,6 +685,10 @@ def _parse_expression(expression: str, position: int, template: str) -> ast.expr
             position=offset,
             expression=expression,
         ) from None
+    except (MemoryError, RecursionError):  # the pre-scan should make this unreachable
+        raise _too_deep(expression, template, position) from None
+    if _tree_depth(tree.body) > MAX_EXPRESSION_DEPTH:
+        raise _too_deep(expression, template, position)
     return tree.body
 
 

@@ -8,6 +8,7 @@ it to; an unrelated thread starts with an empty stack and never shares a hold.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -17,7 +18,9 @@ from typing import TYPE_CHECKING, Any
 from .errors import LockLost
 
 if TYPE_CHECKING:
-    from .timer import Timeout
+    import asyncio
+
+    from .watchdog import Renewal
 
 __all__ = ["Lease", "current_lease"]
 
@@ -38,12 +41,11 @@ class _Held:
 # The innermost held lease, linked to the ones around it.
 _HELD: ContextVar[_Held | None] = ContextVar("lockaspect_held", default=None)
 
-# One lock for all leases' small bookkeeping (hold counts, the lost flag): the critical
-# sections are a few bytecodes, and a lock per lease would cost memory per held lock.
+# One lock for all leases' lost-flag bookkeeping: the critical sections are a few bytecodes,
+# and a lock per lease would cost memory per held lock. A plain Lock entered with ``with``
+# (a C-level __enter__), so an exception raised asynchronously (a signal handler) cannot
+# leave it held. Replaced in a forked child (see _after_fork_in_child).
 _BOOKKEEPING = threading.Lock()
-
-# Watchdog states (see watchdog.py).
-IDLE, ARMED, QUEUED, IN_FLIGHT, FINAL, CLOSED = range(6)
 
 
 class Lease:
@@ -69,22 +71,14 @@ class Lease:
     """
 
     __slots__ = (
-        "_attempt",
-        "_batch",
+        "__weakref__",
         "_client",
-        "_deadline",
-        "_delay_weight",
         "_epoch",
-        "_expires_at",
-        "_hold_deadline",
-        "_holds",
-        "_lost_reason",
+        "_loop",
         "_lost_waiters",
         "_on_lost",
-        "_renewed_at",
-        "_renewer",
-        "_timeout",
-        "_wd_state",
+        "_record",
+        "_refs",
         "acquired_at",
         "fencing_token",
         "key",
@@ -99,48 +93,41 @@ class Lease:
         self,
         *,
         client: Any,
-        key: str,
-        token: str,
+        record: Renewal,
         fencing_token: int,
-        lease_time: float,
         watchdog: bool,
-        delay_weight: float,
-        sent_at: float,
-        max_hold: float | None,
         on_lost: Callable[[Lease], object] | None,
-        renewer: Any = None,
-        kind: str = "lock",
+        loop: asyncio.AbstractEventLoop | None = None,
         permits: int | None = None,
     ) -> None:
-        self.key = key
-        self.kind = kind
+        self.key = record.key
+        self.kind = record.kind
         self.permits = permits
-        self.token = token
+        self.token = record.token
         self.fencing_token = fencing_token
         self.acquired_at = time.time()
-        self.lease_time = lease_time
+        self.lease_time = record.lease_time
         self.watchdog = watchdog
         self._client = client
         # A forked child inherits its parent's contexts; leases from before the fork belong
         # to the parent and must never be re-entered by the child (see _find_held).
         self._epoch = client._epoch
-        self._delay_weight = delay_weight
-        # Local, conservative estimate: the store started the lease after it received the
-        # request, which was after ``sent_at``.
-        self._renewed_at = sent_at
-        self._expires_at = sent_at + lease_time
-        self._hold_deadline = None if max_hold is None else sent_at + max_hold
-        self._holds = 1
-        self._lost_reason: str | None = None
+        # The watchdog's record of this lease: its local end and why it was lost.
+        self._record = record
+        # The holds of this lease not yet given back (the acquisition and its re-entries), as
+        # the client's records of them: counted in this one place, under the client's
+        # bookkeeping lock, each added or removed in one step. The store keeps one hold per
+        # owner.
+        self._refs: set[Any] = set()
         self._lost_waiters: list[Callable[[], object]] | None = None
         self._on_lost = on_lost
-        # The event loop's renewer for a lease taken by async code; None for sync code.
-        self._renewer = renewer
-        self._wd_state = IDLE
-        self._timeout: Timeout | None = None
-        self._deadline: Timeout | None = None
-        self._batch: Any = None
-        self._attempt = 0
+        # The event loop of the code that took the lease (an async on_lost hook runs there);
+        # None for sync code.
+        self._loop = loop
+
+    @property
+    def _holds(self) -> int:
+        return len(self._refs)
 
     @property
     def fair(self) -> bool:
@@ -149,10 +136,16 @@ class Lease:
 
     @property
     def lost(self) -> bool:
-        """``True`` once the lease is known to be gone, or its local deadline has passed."""
-        if self._lost_reason is not None:
+        """``True`` once the lease is known to be gone, or its local deadline has passed.
+
+        The local deadline comes a safety guard (one timer tick plus 50 ms) before the
+        store's lease end as the client estimates it, so a body that polls this (or
+        :meth:`check`) and an ``on_lost`` hook both learn of the loss before another
+        process can take the lock."""
+        record = self._record
+        if record.lost_reason is not None:
             return True
-        return self._client._clock() >= self._expires_at and self._holds > 0
+        return self._holds > 0 and record.clock() >= record.lost_at
 
     @property
     def held(self) -> bool:
@@ -163,14 +156,18 @@ class Lease:
     @property
     def lost_reason(self) -> str | None:
         """Why the lease was lost (``"not-owner"``, ``"expired"``, ``"max-hold"``), or ``None``."""
-        if self._lost_reason is None and self.lost:
-            return "expired"
-        return self._lost_reason
+        record = self._record
+        reason = record.lost_reason
+        if reason is None and self.lost:
+            return record.time_reason()
+        return reason
 
     @property
     def expires_in(self) -> float:
-        """Seconds until the lease ends unless renewed (negative once past)."""
-        return float(self._expires_at - self._client._clock())
+        """Seconds until the lease's local deadline (see :attr:`lost`) unless renewed
+        (negative once past)."""
+        record = self._record
+        return float(record.lost_at - record.clock())
 
     def check(self) -> None:
         """Raise :class:`~lockaspect.LockLost` unless the lease is still held; a cheap local
@@ -209,9 +206,10 @@ class Lease:
     def _mark_lost(self, reason: str) -> bool:
         """Flip to lost; ``True`` for the caller that flipped it (it runs the hooks)."""
         with _BOOKKEEPING:
-            if self._lost_reason is not None:
+            record = self._record
+            if record.lost_reason is not None:
                 return False
-            self._lost_reason = reason
+            record.lost_reason = reason
             waiters, self._lost_waiters = self._lost_waiters, None
         for wake in waiters or ():
             wake()
@@ -219,7 +217,7 @@ class Lease:
 
     def _add_lost_waiter(self, wake: Callable[[], object]) -> None:
         with _BOOKKEEPING:
-            if self._lost_reason is None:
+            if self._record.lost_reason is None:
                 if self._lost_waiters is None:
                     self._lost_waiters = []
                 self._lost_waiters.append(wake)
@@ -234,16 +232,6 @@ class Lease:
                     waiters.remove(wake)
                 except ValueError:
                     pass
-
-    def _enter(self) -> None:
-        with _BOOKKEEPING:
-            self._holds += 1
-
-    def _exit(self) -> bool:
-        """Drop one hold; ``True`` when it was the last one."""
-        with _BOOKKEEPING:
-            self._holds -= 1
-            return self._holds == 0
 
 
 def current_lease() -> Lease | None:
@@ -333,3 +321,14 @@ class MultiLease:
     def __repr__(self) -> str:
         state = "held" if self.held else (f"lost:{self.lost_reason}" if self.lost else "released")
         return f"<MultiLease {list(self.keys)!r} {state}>"
+
+
+def _after_fork_in_child() -> None:
+    # The parent's lock may have been held by another thread at the fork: a child that
+    # inherited it held would deadlock on its first release.
+    global _BOOKKEEPING
+    _BOOKKEEPING = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

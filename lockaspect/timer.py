@@ -25,6 +25,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Final
 
+from ._wakeup import Wakeup
+
 __all__ = ["HashedWheelTimer", "Timeout"]
 
 log = logging.getLogger("lockaspect.timer")
@@ -32,6 +34,10 @@ log = logging.getLogger("lockaspect.timer")
 #: Seconds the driver keeps ticking after the wheel empties before it sleeps until the next
 #: schedule() wakes it.
 IDLE_AFTER: Final = 1.0
+
+#: While idle, the driver still looks at the wheel this often, in case the wake-up of a
+#: schedule() was lost (an exception raised asynchronously inside it).
+IDLE_RECHECK: Final = 10.0
 
 _PENDING: Final = 0
 _CANCELLED: Final = 1
@@ -225,7 +231,7 @@ class HashedWheelTimer:
         self._name = name
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
-        self._wake = threading.Event()
+        self._wake = Wakeup()
         self._idle = False
         self._stopped = False
         self._tick_listeners: list[Callable[[], None]] = []
@@ -264,13 +270,15 @@ class HashedWheelTimer:
     def call_later(self, delay: float, fn: Callable[[Any], object], arg: Any = None) -> Timeout:
         return self.schedule(self._clock() + delay, fn, arg)
 
-    def stop(self) -> list[Timeout]:
-        """Stop the thread and return the timeouts that never fired. Idempotent."""
+    def stop(self, timeout: float | None = 5.0) -> list[Timeout]:
+        """Stop the thread (waiting for it at most ``timeout`` seconds: it is a daemon, and a
+        callback stuck on something outside lockaspect must not hang the caller) and return
+        the timeouts that never fired. Idempotent."""
         self._stopped = True
         self._wake.set()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
-            thread.join()
+            thread.join(timeout)
         return self._wheel.clear()
 
     def _start(self) -> None:
@@ -296,31 +304,37 @@ class HashedWheelTimer:
                     # Announce idleness first, then re-check: schedule() appends before it
                     # reads _idle, so either we see its timeout or it sees _idle and wakes us.
                     self._idle = True
+                    woken = True
                     if wheel.idle and not self._stopped:
-                        wake.wait()
+                        # Bounded: a wake-up may be lost to an interrupted schedule().
+                        woken = wake.wait(IDLE_RECHECK)
                     self._idle = False
-                    wake.clear()
-                    busy_at = clock()
-                    wheel.fast_forward(busy_at)
+                    if woken or not wheel.idle:
+                        busy_at = clock()
+                    else:
+                        self._notify_listeners()  # a periodic look, also while idle
+                    wheel.fast_forward(clock())
                 else:
                     wake.wait(next_at - now)
-                    wake.clear()
                 continue
             for timeout in wheel.advance(now):
                 try:
                     timeout.run()
                 except Exception:
                     log.exception("timer callback %r failed", timeout)
-            for listener in self._tick_listeners:
-                try:
-                    listener()
-                except Exception:
-                    log.exception("timer tick listener %r failed", listener)
+            self._notify_listeners()
+
+    def _notify_listeners(self) -> None:
+        for listener in self._tick_listeners:
+            try:
+                listener()
+            except Exception:
+                log.exception("timer tick listener %r failed", listener)
 
     def _reset_after_fork(self) -> None:
         # The thread did not survive the fork, and the timeouts belong to the parent.
         self._thread = None
         self._start_lock = threading.Lock()
-        self._wake = threading.Event()
+        self._wake = Wakeup()
         self._idle = False
         self._wheel.clear()

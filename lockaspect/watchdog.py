@@ -1,45 +1,164 @@
-"""The per-client watchdog: renews every watchdog-mode lease of a client, in batches.
+"""The per-client watchdog: renews every watchdog-mode lease of a client, in batches, from
+one thread, whatever code (threads or event loops) holds the leases.
 
-Each lease has at most two timeouts on the client's wheel: the next renewal attempt and,
-while an attempt is pending, the lease end. When a renewal falls due the timer thread
-only queues the lease; after the tick the watchdog thread sends everything queued in ONE
-round trip (one pipelined call of the batched renew script) and reads one status per
-lease:
+Each lease has a :class:`Renewal` record here (the user's :class:`~lockaspect.Lease` reads
+its deadline and lost reason from it) and at most two timeouts on the client's wheel: the
+next renewal attempt and, while an attempt is pending, the lease's local deadline. When a
+renewal falls due the timer thread only queues the record; after the tick the watchdog
+thread sends everything queued in ONE round trip, on a connection of its own (so lock
+traffic, and a busy event loop, never delay it), and reads one status per lease:
 
 * renewed: the lease end moves to ``sent + lease`` (measured from when the request left,
-  a conservative local estimate) and the next attempt is ``delay_weight * lease`` later;
-* not ours: the lease is lost at once;
-* the round trip failed: retried with short backoff while the lease lasts.
+  a conservative local estimate; the store confirmed it held the lease without a gap, so
+  this holds even when the reply is read late) and the next attempt is
+  ``delay_weight * lease`` later;
+* not ours: the lease is lost at once (unless its release is in flight: a release that
+  overtook the renewal is not a loss);
+* that item, or the whole round trip, failed: retried with short backoff while the lease
+  lasts.
 
-If the lease end passes first (store unreachable, a stalled round trip, a process pause)
-the lease is lost. Losing a lease sets its flag, logs a WARNING on ``lockaspect.watchdog``
-and hands the ``on_lost`` hook to the client's hook thread (so a slow hook never delays
-renewals, and a hung round trip never delays a hook).
+If the local deadline passes first (store unreachable, a stalled round trip, a process
+pause) the lease is lost. The local deadline is a guard (one timer tick plus
+:data:`DISPATCH_ALLOWANCE`) before the estimated store-side end, so the lost flag, the
+``on_lost`` hook and a cancelled async body all come before another process can take the
+lock. Losing a lease sets its flag, logs a WARNING on ``lockaspect.watchdog`` and hands the
+``on_lost`` hook to the client's hook thread.
+
+The same thread also sweeps holds whose owner (a ``with`` block, a decorated call) vanished
+without releasing them, e.g. after an exception raised asynchronously by a signal handler.
 
 Two library threads in all, however many leases: the timer and this watchdog.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence, Sized
+from typing import TYPE_CHECKING, Any, Final
 
 from . import _policy
+from ._wakeup import Wakeup
 from .backends.base import RenewItem
 from .errors import BackendError
-from .lease import ARMED, CLOSED, FINAL, IN_FLIGHT, QUEUED, Lease
 
 if TYPE_CHECKING:
-    from .backends.base import Backend
-    from .timer import HashedWheelTimer
+    import weakref
 
-__all__ = ["Watchdog", "WatchdogStats"]
+    from .backends.base import Backend
+    from .lease import Lease
+    from .timer import HashedWheelTimer, Timeout
+
+__all__ = ["DISPATCH_ALLOWANCE", "Renewal", "Watchdog", "WatchdogStats"]
 
 log = logging.getLogger("lockaspect.watchdog")
+
+# Record states.
+ARMED, QUEUED, IN_FLIGHT, FINAL, CLOSED = range(5)
+
+#: Seconds allowed, on top of one timer tick, for the lost signal to reach the holder (the
+#: hook thread, a cancelled task) before the store's lease end: a lease counts as lost this
+#: much (plus a tick) before the client's estimate of that end.
+DISPATCH_ALLOWANCE: Final = 0.05
+
+
+def lost_guard(lease: float, tick: float) -> float:
+    """How long before the estimated store-side end a lease of ``lease`` seconds counts as
+    lost: one tick plus :data:`DISPATCH_ALLOWANCE`, at most half the lease (a lease that
+    short cannot keep the full guard; documented)."""
+    return min(tick + DISPATCH_ALLOWANCE, lease / 2.0)
+
+
+class Renewal:
+    """The watchdog's record of one lease (the user's :class:`~lockaspect.Lease` is a
+    separate, public value that reads its deadline and lost reason from here).
+
+    Attributes:
+        ends_at: The client's conservative estimate of the store-side lease end (monotonic):
+            when the last confirmed (re)newal request left, plus the lease it asked for.
+        lost_at: The local deadline, :func:`lost_guard` before ``ends_at``.
+        lost_reason: Why the lease was lost, once it is.
+    """
+
+    __slots__ = (
+        "attempt",
+        "clock",
+        "deadline",
+        "delay_weight",
+        "ends_at",
+        "guard",
+        "hold_deadline",
+        "key",
+        "kind",
+        "lease_ref",
+        "lease_time",
+        "lost_at",
+        "lost_reason",
+        "releasing_since",
+        "renewed_at",
+        "state",
+        "swept",
+        "timeout",
+        "token",
+    )
+
+    def __init__(
+        self,
+        *,
+        key: str,
+        token: str,
+        kind: str,
+        lease_time: float,
+        delay_weight: float,
+        sent: float,
+        granted: float,
+        max_hold: float | None,
+        guard: float,
+        clock: Callable[[], float],
+    ) -> None:
+        self.key = key
+        self.token = token
+        self.kind = kind
+        self.lease_time = lease_time
+        self.delay_weight = delay_weight
+        self.guard = guard
+        self.clock = clock
+        self.hold_deadline = None if max_hold is None else sent + max_hold
+        self.renewed_at = sent
+        self.ends_at = sent + granted
+        self.lost_at = self.ends_at - guard
+        self.lost_reason: str | None = None
+        # When the client began releasing the lease (its last hold given back), if it did.
+        self.releasing_since: float | None = None
+        # Released by the watchdog's sweep: nobody held it any more.
+        self.swept = False
+        self.state = FINAL
+        self.timeout: Timeout | None = None
+        self.deadline: Timeout | None = None
+        self.attempt = 0
+        self.lease_ref: weakref.ref[Lease] | None = None
+
+    def extend(self, sent: float, granted: float) -> None:
+        """A (re)newal sent at ``sent`` was confirmed for ``granted`` seconds."""
+        self.renewed_at = sent
+        self.ends_at = sent + granted
+        self.lost_at = self.ends_at - self.guard
+
+    def time_reason(self) -> str:
+        """The reason of a loss by the clock: ``"max-hold"`` when this term was the last one
+        ``max_hold`` allowed, else ``"expired"``."""
+        hold = self.hold_deadline
+        return "max-hold" if hold is not None and self.ends_at >= hold - 1e-6 else "expired"
+
+    def renewal_item(self, sent: float) -> RenewItem:
+        seconds = _policy.renewal_lease(sent, self.lease_time, self.hold_deadline)
+        if self.kind in ("lock", "fair"):
+            return (self.key, self.token, seconds)
+        return (self.key, self.token, seconds, self.kind)
+
+    def __repr__(self) -> str:
+        return f"<Renewal {self.key!r} {('armed', 'queued', 'in-flight', 'final', 'closed')[self.state]}>"
 
 
 class WatchdogStats:
@@ -53,57 +172,51 @@ class WatchdogStats:
         self.renewal_failures = 0
 
 
-class _Batch:
-    """One renewal round trip of sync leases; ``cancel()`` waits on it."""
-
-    __slots__ = ("done",)
-
-    def __init__(self) -> None:
-        self.done = threading.Event()
-
-    def finish(self) -> None:
-        self.done.set()
-
-
-class _LoopBatch:
-    """One renewal round trip of an event loop's leases; finished on that loop."""
-
-    __slots__ = ("done",)
-
-    def __init__(self) -> None:
-        self.done = asyncio.Event()
-
-    def finish(self) -> None:
-        self.done.set()
-
-
 class Watchdog:
     """Renews leases for one backend from one thread, driven by one timer.
 
     Args:
-        backend: Where renewals go.
+        backend: Where renewals go (the client's sync backend, also for leases taken by
+            async code).
         timer: The client's wheel; the watchdog schedules on it and listens to its ticks.
-        lost: Called as ``lost(lease, reason)`` on the timer thread (lease end passed) or the
-            watchdog thread (the store said not ours), once per lease given up, after the
-            lease's flag is set. It must be quick: it logs and queues the hook.
+        lost: Called as ``lost(record, reason)`` on the timer thread (deadline passed) or the
+            watchdog thread (the store said not ours), once per lease given up. It must be
+            quick: it flips the lease's flag, logs and queues the hook.
+        sweep: Called on the watchdog thread while ``orphans`` is not empty: the client
+            releases holds whose owner vanished (a weakref callback appends them there).
+        vanished, release_vanished: Asked of every lease about to be renewed: when nobody
+            holds it any more (its bookkeeping cut short by an exception raised
+            asynchronously), it is not renewed but released.
         clock: Monotonic clock; the same one the timer uses.
+
+    Every lock here is a plain ``threading.Lock`` entered with ``with`` (a C-level enter):
+    code on the caller's thread (register, release) may be interrupted by an exception a
+    signal handler raises, and must not leave a lock held when it is.
     """
 
     def __init__(
         self,
         backend: Backend,
         timer: HashedWheelTimer,
-        lost: Callable[[Lease, str], None],
+        lost: Callable[[Renewal, str], None],
         *,
+        sweep: Callable[[], None] | None = None,
+        orphans: Sized = (),
+        vanished: Callable[[Renewal], bool] | None = None,
+        release_vanished: Callable[[Renewal], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._backend = backend
         self._timer = timer
         self._lost = lost
+        self._sweep = sweep
+        self._orphans = orphans
+        self._vanished = vanished
+        self._release_vanished = release_vanished
         self._clock = clock
-        self._cond = threading.Condition(threading.Lock())
-        self._due: list[Lease] = []
-        self._loops_due: set[LoopRenewer] = set()
+        self._lock = threading.Lock()
+        self._wake = Wakeup()
+        self._due: list[Renewal] = []
         self._failing = False  # for logging the start and end of an outage once each
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -114,153 +227,153 @@ class Watchdog:
     def thread(self) -> threading.Thread | None:
         return self._thread
 
-    def register(self, lease: Lease) -> None:
+    @property
+    def tick(self) -> float:
+        return self._timer.tick
+
+    def register(self, record: Renewal) -> None:
         """Start renewing a watchdog-mode lease. Call before the body starts."""
-        with self._cond:
-            self._arm_next(lease)
+        with self._lock:
+            self._arm_next(record)
 
-    def watch(self, lease: Lease) -> None:
-        """Watch a fixed lease: no renewal, only the lost signal at its end."""
-        with self._cond:
-            lease._wd_state = FINAL
-            lease._deadline = self._timer.schedule(lease._expires_at, self._deadline_due, lease)
+    def watch(self, record: Renewal) -> None:
+        """Watch a fixed lease: no renewal, only the lost signal at its deadline."""
+        with self._lock:
+            record.state = FINAL
+            record.deadline = self._schedule(record.lost_at, self._deadline_due, record)
 
-    def cancel(self, lease: Lease) -> Any:
-        """Stop renewing or watching ``lease``. Returns the in-flight renewal batch the caller
-        must wait for (``batch.done``: a threading.Event for sync leases, an asyncio.Event for
-        a loop's) before it releases, so that nothing renews the key afterwards; or ``None``."""
-        with self._cond:
-            state = lease._wd_state
-            lease._wd_state = CLOSED
-            self._cancel_timeouts(lease)
-            # Waiting keeps a renewal from landing after the release. A lost lease is not
-            # ours to protect any more, and its round trip may be the one that hangs.
-            batch = lease._batch if state == IN_FLIGHT and lease._lost_reason is None else None
-        if batch is not None and threading.current_thread() is self._thread:
-            return None  # a hook released from the watchdog thread itself: it cannot wait for itself
-        return batch
+    def released(self, record: Renewal) -> None:
+        """Stop renewing or watching ``record`` (its release was answered, or is not sent).
 
-    def stop(self) -> None:
-        with self._cond:
-            self._stopping = True
-            self._cond.notify_all()
+        Never waits for a renewal in flight: the store renews only a lease its token still
+        holds, so a renewal that lands after the release changes nothing, and its answer is
+        ignored here."""
+        with self._lock:
+            record.state = CLOSED
+            self._cancel_timeouts(record)
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop the thread, after the round trip it may be in (at most ``timeout``)."""
+        self._stopping = True
+        self._wake.set()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
-            thread.join()
+            thread.join(timeout)
 
-    # -- called with self._cond held --------------------------------------------------
+    # -- called with self._lock held --------------------------------------------------
 
-    def _arm_next(self, lease: Lease) -> None:
-        hold_deadline = lease._hold_deadline
-        if hold_deadline is not None and lease._expires_at >= hold_deadline - 1e-6:
+    def _schedule(self, at: float, fn: Callable[[Renewal], None], record: Renewal) -> Timeout | None:
+        try:
+            return self._timer.schedule(at, fn, record)
+        except RuntimeError:  # the timer stopped: the client is closing
+            record.state = CLOSED
+            return None
+
+    def _arm_next(self, record: Renewal) -> None:
+        hold_deadline = record.hold_deadline
+        if hold_deadline is not None and record.ends_at >= hold_deadline - 1e-6:
             # max_hold reached: this lease term is the last one.
-            lease._wd_state = FINAL
-            lease._deadline = self._timer.schedule(lease._expires_at, self._deadline_due, lease)
+            record.state = FINAL
+            record.deadline = self._schedule(record.lost_at, self._deadline_due, record)
             return
-        lease._wd_state = ARMED
-        at = _policy.first_renewal_at(lease._renewed_at, lease.lease_time, lease._delay_weight)
-        lease._timeout = self._timer.schedule(at, self._renew_due, lease)
+        record.state = ARMED
+        at = _policy.first_renewal_at(record.renewed_at, record.ends_at - record.renewed_at, record.delay_weight)
+        record.timeout = self._schedule(at, self._renew_due, record)
 
-    def _cancel_timeouts(self, lease: Lease) -> None:
-        for timeout in (lease._timeout, lease._deadline):
+    def _cancel_timeouts(self, record: Renewal) -> None:
+        for timeout in (record.timeout, record.deadline):
             if timeout is not None:
                 timeout.cancel()
-        lease._timeout = lease._deadline = None
+        record.timeout = record.deadline = None
 
     # -- timer thread -----------------------------------------------------------------
 
-    def _renew_due(self, lease: Lease) -> None:
-        with self._cond:
-            if lease._wd_state != ARMED:
+    def _renew_due(self, record: Renewal) -> None:
+        with self._lock:
+            if record.state != ARMED:
                 return
-            hold_deadline = lease._hold_deadline
+            record.timeout = None
+            hold_deadline = record.hold_deadline
             if hold_deadline is not None and hold_deadline - self._clock() <= self._timer.tick:
                 # Nothing left to renew for: let the lease run out at max_hold.
-                lease._wd_state = FINAL
-                lease._timeout = None
-                if lease._deadline is None:
-                    lease._deadline = self._timer.schedule(lease._expires_at, self._deadline_due, lease)
+                record.state = FINAL
+                if record.deadline is None:
+                    record.deadline = self._schedule(record.lost_at, self._deadline_due, record)
                 return
-            lease._wd_state = QUEUED
-            lease._timeout = None
-            renewer = lease._renewer
-            if renewer is None:
-                self._due.append(lease)
-            else:
-                renewer.due.append(lease)
-                self._loops_due.add(renewer)
-            if lease._deadline is None:
-                # If the attempt stalls, the lease end still fires on time.
-                lease._deadline = self._timer.schedule(lease._expires_at, self._deadline_due, lease)
+            record.state = QUEUED
+            self._due.append(record)
+            if record.deadline is None:
+                # If the attempt stalls, the deadline still fires on time.
+                record.deadline = self._schedule(record.lost_at, self._deadline_due, record)
 
     def _after_tick(self) -> None:
-        if self._due:
-            with self._cond:
-                if self._thread is None and not self._stopping:
-                    self._thread = threading.Thread(target=self._run, name="lockaspect-watchdog", daemon=True)
-                    self._thread.start()
-                self._cond.notify()
-        if self._loops_due:
-            with self._cond:
-                renewers, self._loops_due = self._loops_due, set()
-            for renewer in renewers:
-                if not renewer.kick():
-                    self._drop(renewer)
+        if self._due or self._orphans:
+            if self._thread is None and not self._stopping:
+                with self._lock:
+                    if self._thread is None:
+                        self._thread = threading.Thread(target=self._run, name="lockaspect-watchdog", daemon=True)
+                        self._thread.start()
+            self._wake.set()
 
-    def _drop(self, renewer: LoopRenewer) -> None:
-        """A loop closed with leases still renewing: stop watching them, quietly (they
-        expire in the store; their loop, and whatever ran on it, is gone)."""
-        with self._cond:
-            leases, renewer.due = renewer.due, []
-            for lease in leases:
-                lease._wd_state = CLOSED
-                self._cancel_timeouts(lease)
-        log.debug("dropped %d renewal(s) for a closed event loop", len(leases))
-
-    def _deadline_due(self, lease: Lease) -> None:
-        with self._cond:
-            state = lease._wd_state
-            if state == CLOSED or lease._lost_reason is not None:
+    def _deadline_due(self, record: Renewal) -> None:
+        with self._lock:
+            if record.state == CLOSED or record.lost_reason is not None:
                 return
-            now = self._clock()
-            if now < lease._expires_at:  # renewed since; a stale deadline
+            if self._clock() < record.lost_at:  # renewed since; a stale deadline
                 return
-            hold_deadline = lease._hold_deadline
-            reason = "max-hold" if hold_deadline is not None and now >= hold_deadline - 1e-6 else "expired"
-            lease._wd_state = CLOSED
-            self._cancel_timeouts(lease)
+            reason = record.time_reason()
+            record.state = CLOSED
+            self._cancel_timeouts(record)
         # Flip the flag here, on time, even while a renewal round trip hangs; ``lost`` only
         # logs and hands the hook to the client's hook thread.
-        if lease._mark_lost(reason):
-            self._lost(lease, reason)
+        self._lost(record, reason)
 
-    # -- the renewal round trip, shared by the watchdog thread and each LoopRenewer --------
-    #
-    # _take, _requests, _outcome and _apply do no I/O; the runners only add the round trip.
+    # -- the watchdog thread ----------------------------------------------------------
 
-    def _take(self, due: list[Lease], batch: Any) -> list[Lease]:
-        """Move the still-queued leases of ``due`` in flight in ``batch``; empties ``due``."""
-        with self._cond:
-            leases = []
-            for lease in due:
-                if lease._wd_state == QUEUED:
-                    lease._wd_state = IN_FLIGHT
-                    lease._batch = batch
-                    leases.append(lease)
-            due.clear()
-        return leases
+    def _run(self) -> None:
+        while True:
+            # The timeout only guards against a wake-up lost to an interrupted set().
+            self._wake.wait(1.0)
+            if self._stopping:
+                return
+            if self._orphans and self._sweep is not None:
+                try:
+                    self._sweep()
+                except Exception:  # pragma: no cover - the sweep logs its own failures
+                    log.exception("sweeping abandoned holds failed")
+            records = self._take()
+            if records and self._vanished is not None and self._release_vanished is not None:
+                gone = [record for record in records if self._vanished(record)]
+                for record in gone:
+                    self._release_vanished(record)
+                if gone:
+                    records = [record for record in records if record.state == IN_FLIGHT]
+            if records:
+                self._renew(records)
 
-    def _requests(self, leases: list[Lease]) -> tuple[float, list[RenewItem]]:
+    def _take(self) -> list[Renewal]:
+        """Move the still-queued records in flight."""
+        with self._lock:
+            records = []
+            for record in self._due:
+                if record.state == QUEUED:
+                    record.state = IN_FLIGHT
+                    records.append(record)
+            self._due = []
+        return records
+
+    def _renew(self, records: list[Renewal]) -> None:
         sent = self._clock()
         self.stats.round_trips += 1
-        requests: list[RenewItem] = []
-        for lease in leases:
-            renewal = _policy.renewal_lease(sent, lease.lease_time, lease._hold_deadline)
-            if lease.kind in ("lock", "fair"):
-                requests.append((lease.key, lease.token, renewal))
-            else:
-                requests.append((lease.key, lease.token, renewal, lease.kind))
-        return sent, requests
+        requests = [record.renewal_item(sent) for record in records]
+        statuses: Sequence[Any] | None = None
+        try:
+            statuses = self._backend.renew(requests)
+        except BackendError as exc:
+            self._outcome(len(records), exc)
+        else:
+            self._outcome(len(records), None)
+        self._apply(records, sent, requests, statuses)
 
     def _outcome(self, count: int, error: BackendError | None) -> None:
         """Account a round trip's success or failure, logging an outage once each way."""
@@ -277,141 +390,61 @@ class Watchdog:
 
     def _apply(
         self,
-        leases: list[Lease],
-        batch: Any,
+        records: list[Renewal],
         sent: float,
         requests: list[RenewItem],
-        statuses: list[bool] | None,
+        statuses: Sequence[Any] | None,
     ) -> None:
-        """Act on the store's answer (``None``: the round trip failed) and finish ``batch``."""
+        """Act on the store's answer (``None``: the round trip failed). Per item: ``True``
+        renewed for the lease asked, a float renewed for that many seconds (RedLock's
+        validity), ``False`` not ours, ``None`` that item failed (retried)."""
         stats = self.stats
-        lost: list[tuple[Lease, str]] = []
-        try:
-            with self._cond:
-                now = self._clock()
-                for i, lease in enumerate(leases):
-                    lease._batch = None
-                    if lease._wd_state != IN_FLIGHT:
-                        continue  # cancelled while in flight; the canceller is waiting
-                    if statuses is None:
-                        self._retry(lease, now)
-                    elif now >= lease._expires_at:
-                        # The reply came after the lease end, before the deadline timeout
-                        # fired: ``lease.lost`` may already have said True (reason
-                        # "expired"), so a late success must not revive the lease and a
-                        # late "not ours" must not change the reason.
-                        hold_deadline = lease._hold_deadline
-                        late = hold_deadline is not None and now >= hold_deadline - 1e-6
-                        lease._wd_state = CLOSED
-                        self._cancel_timeouts(lease)
-                        lost.append((lease, "max-hold" if late else "expired"))
-                    elif statuses[i]:
-                        stats.renewals += 1
-                        lease._attempt = 0
-                        if lease._lost_reason is None:
-                            lease._renewed_at = sent
-                            lease._expires_at = sent + requests[i][2]
-                        if lease._deadline is not None:
-                            lease._deadline.cancel()
-                            lease._deadline = None
-                        self._arm_next(lease)
-                    else:
-                        lease._wd_state = CLOSED
-                        self._cancel_timeouts(lease)
-                        lost.append((lease, "not-owner"))
-        finally:
-            batch.finish()
-        for lease, reason in lost:
-            if lease._mark_lost(reason):
-                self._lost(lease, reason)
+        lost: list[Renewal] = []
+        with self._lock:
+            now = self._clock()
+            for i, record in enumerate(records):
+                if record.state != IN_FLIGHT:
+                    continue  # released (or lost) while in flight: its answer means nothing now
+                status = None if statuses is None else statuses[i]
+                if status is None:
+                    if statuses is not None:
+                        stats.renewal_failures += 1
+                    self._retry(record, now)
+                elif status is False:
+                    if record.releasing_since is not None:
+                        # The release overtook this renewal; the release's answer decides.
+                        record.state = FINAL
+                        self._cancel_timeouts(record)
+                        continue
+                    record.state = CLOSED
+                    self._cancel_timeouts(record)
+                    lost.append(record)
+                else:
+                    # The store had the lease when the renewal arrived and extended it: the
+                    # lease never lapsed there, however late this reply is read.
+                    stats.renewals += 1
+                    record.attempt = 0
+                    asked: float = requests[i][2]
+                    granted = asked if status is True else min(float(status), asked)
+                    record.extend(sent, granted)
+                    if record.deadline is not None:
+                        record.deadline.cancel()
+                        record.deadline = None
+                    self._arm_next(record)
+        for record in lost:
+            self._lost(record, "not-owner")
 
-    # -- watchdog thread: the runner for sync leases ------------------------------------
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._due and not self._stopping:
-                    self._cond.wait()
-                if self._stopping:
-                    return
-            batch = _Batch()
-            leases = self._take(self._due, batch)
-            if leases:
-                self._renew(leases, batch)
-
-    def _renew(self, leases: list[Lease], batch: _Batch) -> None:
-        sent, requests = self._requests(leases)
-        statuses: list[bool] | None = None
-        try:
-            statuses = self._backend.renew(requests)
-        except BackendError as exc:
-            self._outcome(len(leases), exc)
-        else:
-            self._outcome(len(leases), None)
-        self._apply(leases, batch, sent, requests, statuses)
-
-    def _retry(self, lease: Lease, now: float) -> None:
-        lease._attempt += 1
-        at = _policy.renewal_retry_at(now, lease._attempt, lease._expires_at, self._timer.tick)
+    def _retry(self, record: Renewal, now: float) -> None:
+        record.attempt += 1
+        at = _policy.renewal_retry_at(now, record.attempt, record.lost_at, self._timer.tick)
         if at is None:
-            lease._wd_state = FINAL  # the deadline timeout declares it lost
+            record.state = FINAL  # the deadline timeout declares it lost
             return
-        lease._wd_state = ARMED
-        lease._timeout = self._timer.schedule(at, self._renew_due, lease)
+        record.state = ARMED
+        record.timeout = self._schedule(at, self._renew_due, record)
 
     def _reset_after_fork(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()
+        self._wake = Wakeup()
         self._due = []
-        self._loops_due = set()
         self._thread = None
-
-
-class LoopRenewer:
-    """Renews one event loop's leases from that loop: no thread, and no task per lease.
-
-    The timer thread queues a loop's due leases here and, once per tick, asks the loop
-    (``call_soon_threadsafe``) to flush them: one task per tick sends them all in one round
-    trip with the loop's async backend, and the shared watchdog logic acts on the answer.
-    """
-
-    def __init__(self, watchdog: Watchdog, loop: asyncio.AbstractEventLoop, backend: Any) -> None:
-        self.watchdog = watchdog
-        self.loop = loop
-        self.backend = backend
-        self.due: list[Lease] = []
-        self.tasks: set[asyncio.Task[None]] = set()
-        self._kicked = False
-
-    def kick(self) -> bool:
-        """Ask the loop to flush (timer thread); ``False`` if the loop is closed."""
-        if self._kicked:
-            return True
-        self._kicked = True
-        try:
-            self.loop.call_soon_threadsafe(self._flush)
-        except RuntimeError:  # the loop is closed
-            return False
-        return True
-
-    def _flush(self) -> None:
-        self._kicked = False
-        batch = _LoopBatch()
-        leases = self.watchdog._take(self.due, batch)
-        if leases:
-            task = self.loop.create_task(self._renew(leases, batch))
-            self.tasks.add(task)
-            task.add_done_callback(self.tasks.discard)
-
-    async def _renew(self, leases: list[Lease], batch: _LoopBatch) -> None:
-        watchdog = self.watchdog
-        sent, requests = watchdog._requests(leases)
-        statuses: list[bool] | None = None
-        try:
-            statuses = await self.backend.renew(requests)
-        except BackendError as exc:
-            watchdog._outcome(len(leases), exc)
-        else:
-            watchdog._outcome(len(leases), None)
-        finally:
-            # Also on cancellation (the loop shutting down): the leases retry or run out.
-            watchdog._apply(leases, batch, sent, requests, statuses)

@@ -25,7 +25,8 @@ __all__ = [
 
 #: What the watchdog asks a backend to renew: ``(key, token, lease seconds)`` for a lock or a
 #: fair lock, ``(key, token, lease seconds, kind)`` for the other kinds: ``"semaphore"`` (a
-#: permit), ``"read"`` or ``"write"`` (a read-write lock's hold).
+#: permit), ``"read"`` or ``"write"`` (a read-write lock's hold). :meth:`Backend.renew`
+#: answers each with ``True``, ``False`` or ``None`` (renewed, not ours, retry).
 RenewItem = tuple[str, str, float] | tuple[str, str, float, str]
 
 
@@ -57,6 +58,9 @@ class AcquireResult(NamedTuple):
             confirmed the write in time; else ``None``.
         permits: Semaphores only: the semaphore has this many permits, not the number the
             caller expected (nothing was acquired or changed); else ``None``.
+        valid_for: When acquired, how long the lease may be trusted, in seconds counted from
+            when the request was sent, if shorter than the lease asked for (RedLock takes the
+            round trips and a clock-drift allowance off); ``None``: the whole lease.
     """
 
     acquired: bool
@@ -65,6 +69,7 @@ class AcquireResult(NamedTuple):
     holder_ttl: float | None = None
     replicas: int | None = None
     permits: int | None = None
+    valid_for: float | None = None
 
 
 class MultiAcquireResult(NamedTuple):
@@ -216,9 +221,14 @@ class Backend(Protocol):
         the fair lock's queue with ``fair``)."""
         ...
 
-    def renew(self, leases: Sequence[RenewItem]) -> list[bool]:
-        """Extend many :data:`RenewItem` in one round trip; one bool per item: ``True``
-        renewed, ``False`` not ours any more."""
+    def renew(self, leases: Sequence[RenewItem]) -> Sequence[bool | float | None]:
+        """Extend many :data:`RenewItem` in one round trip; one status per item, in order:
+        ``True`` renewed, ``False`` not ours any more (gone, another owner, or a value the
+        store did not get from lockaspect written over the key), ``None`` not decided: this
+        item's renewal failed on its own (an error reply for the part of the batch that
+        carried it, such as a refusal for memory) and should be retried; the other items'
+        statuses stand. Raises :class:`~lockaspect.BackendError` only when the round trip
+        as a whole failed (the connection, a timeout)."""
         ...
 
     def notifier(self) -> Notifier | None:

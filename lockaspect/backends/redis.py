@@ -2,10 +2,17 @@
 
 Key layout for a lock rendered as ``order:42`` in namespace ``lockaspect:``::
 
-    lockaspect:{order:42}            hash {<token>: holds, "fence": n}, with the lease as TTL
+    lockaspect:{order:42}            hash {<owner field>: holds, "fence": n}, with the lease as TTL
     lockaspect:{order:42}:fence      fence counter (INCR per first acquisition, no TTL)
     lockaspect:{order:42}:waiters    FIFO list of waiter ids (one per waiting notifier)
     lockaspect:{order:42}:wake:<id>  pub/sub channel of one waiter; a release wakes the first
+
+An owner's field is its token as it is, except that the token ``fence`` and tokens starting
+with ``#`` are stored with a ``#`` in front (``fence`` -> ``#fence``, ``#x`` -> ``##x``; see
+``owner_field`` in lua/lib.lua). No token's field is ``fence``, so no caller can pass for an
+owner of the fencing token, whatever token it sends; a read-write lock's writer hash
+(``…:rw:w``) stores its owner the same way. A value of another type at a lock's key (not
+written by lockaspect) counts as another owner's: busy, and never ours to renew or release.
 
 All three share the hash tag ``{order:42}``, so Redis Cluster keeps them in one slot.
 Rendered keys never contain ``{`` or ``}`` (values are percent-encoded, templates may not
@@ -22,14 +29,17 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import math
 import os
+import queue
 import select
+import socket
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib import resources
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis
 from redis.backoff import NoBackoff
@@ -37,6 +47,7 @@ from redis.exceptions import NoScriptError, RedisError, ResponseError
 from redis.retry import Retry
 
 from .._policy import FAIR_GONE_AFTER, FAIR_SUBSCRIBE_GRACE
+from .._wakeup import Wakeup
 from ..errors import BackendError, ConfigurationError
 from ._channels import ChannelTable
 from .base import AcquireResult, Capability, MultiAcquireResult, ReleaseResult, RenewItem
@@ -71,15 +82,21 @@ _INCLUDE = "-- include: "
 
 
 class LuaScript:
-    """A script's text and SHA1, loaded once per backend instance."""
+    """A script's text and SHA1, loaded once per backend instance.
 
-    __slots__ = ("_heads", "name", "sha", "source")
+    Every way of running it sends ``EVALSHA`` first; on NOSCRIPT (after a ``SCRIPT FLUSH``,
+    a failover, a restart) it loads the script and sends ``EVALSHA`` again, and when that
+    meets NOSCRIPT too (another client flushing in a loop), ``EVAL`` with the full text,
+    which cannot: NOSCRIPT never reaches the caller."""
+
+    __slots__ = ("_eval_heads", "_heads", "name", "sha", "source")
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.source = load_script(name)
         self.sha = hashlib.sha1(self.source.encode()).hexdigest()
         self._heads: dict[tuple[int, int], bytes] = {}
+        self._eval_heads: dict[tuple[int, int], bytes] = {}
 
     def packed(self, keys: tuple[bytes, ...], args: tuple[bytes, ...]) -> bytes:
         """``EVALSHA sha numkeys keys... args...`` in the wire format."""
@@ -91,34 +108,64 @@ class LuaScript:
             self._heads[shape] = head
         return head + b"".join([_bulk(part) for part in keys + args])
 
-    def run(self, wire: _Wire, client: Any, keys: tuple[bytes, ...], args: tuple[bytes, ...]) -> Any:
-        """EVALSHA over the wire, loading the script once on NOSCRIPT."""
-        command = ("EVALSHA", self.sha, len(keys), *keys, *args)
+    def packed_eval(self, keys: tuple[bytes, ...], args: tuple[bytes, ...]) -> bytes:
+        """``EVAL source numkeys keys... args...`` in the wire format (the fallback that
+        cannot meet NOSCRIPT)."""
+        shape = (len(keys), len(args))
+        head = self._eval_heads.get(shape)
+        if head is None:
+            head = b"*%d\r\n" % (3 + shape[0] + shape[1]) + _bulk(b"EVAL") + _bulk(self.source.encode())
+            head += _bulk(b"%d" % shape[0])
+            self._eval_heads[shape] = head
+        return head + b"".join([_bulk(part) for part in keys + args])
+
+    def command(self, keys: Sequence[object], args: Sequence[object]) -> tuple[object, ...]:
+        """``EVALSHA`` of ``keys`` and ``args``, unpacked (for ``execute_command``)."""
+        return ("EVALSHA", self.sha, len(keys), *keys, *args)
+
+    def eval_command(self, keys: Sequence[object], args: Sequence[object]) -> tuple[object, ...]:
+        """``EVAL`` with the full text, unpacked (for ``execute_command``)."""
+        return ("EVAL", self.source, len(keys), *keys, *args)
+
+    def run(
+        self, wire: _Wire, client: Any, keys: tuple[bytes, ...], args: tuple[bytes, ...], undo: _Undo | None = None
+    ) -> Any:
+        """EVALSHA over the wire; on NOSCRIPT, EVAL with the full text on the same wire (which
+        also caches the script for the next EVALSHA, and cannot meet NOSCRIPT). ``undo``: see
+        :meth:`_Wire.call`."""
         try:
-            return wire.call(self.packed(keys, args), command)
+            return wire.call(self.packed(keys, args), self.command(keys, args), undo)
         except NoScriptError:
-            client.execute_command("SCRIPT", "LOAD", self.source)
-            return wire.call(self.packed(keys, args), command)
+            return wire.call(self.packed_eval(keys, args), self.eval_command(keys, args), undo)
 
     def run_then(
-        self, wire: _Wire, client: Any, keys: tuple[bytes, ...], args: tuple[bytes, ...], then: tuple[bytes, ...]
+        self,
+        wire: _Wire,
+        client: Any,
+        keys: tuple[bytes, ...],
+        args: tuple[bytes, ...],
+        then: tuple[bytes, ...],
+        undo: _Undo | None = None,
     ) -> tuple[Any, Any]:
         """:meth:`run` with the command ``then`` sent right behind it on the same connection,
         in the same write: both replies."""
-        command = ("EVALSHA", self.sha, len(keys), *keys, *args)
         try:
-            return wire.call_then(self.packed(keys, args), command, then)
+            return wire.call_then(self.packed(keys, args), self.command(keys, args), then, undo)
         except NoScriptError:
-            client.execute_command("SCRIPT", "LOAD", self.source)
-            return wire.call_then(self.packed(keys, args), command, then)
+            return wire.call_then(self.packed_eval(keys, args), self.eval_command(keys, args), then, undo)
 
     def __call__(self, client: Any, keys: Sequence[str], args: Sequence[object]) -> Any:
-        """EVALSHA, loading the script once on NOSCRIPT (after SCRIPT FLUSH or a failover)."""
+        """EVALSHA through ``client``; on NOSCRIPT, load the script and EVALSHA again, then
+        EVAL."""
         try:
-            return client.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
+            return client.execute_command(*self.command(keys, args))
         except NoScriptError:
+            pass
+        try:
             client.execute_command("SCRIPT", "LOAD", self.source)
-            return client.execute_command("EVALSHA", self.sha, len(keys), *keys, *args)
+            return client.execute_command(*self.command(keys, args))
+        except NoScriptError:
+            return client.execute_command(*self.eval_command(keys, args))
 
 
 class _Wire:
@@ -131,109 +178,356 @@ class _Wire:
     * packing: each script's constant ``EVALSHA <sha> <numkeys>`` prefix is packed once;
     * the pool's checkout probe: ``ConnectionPool.get_connection`` checks every connection
       for stray data with a zero-timeout read (two ``ioctl`` and a ``recv``) and the pid
-      twice. Connections here are made by the pool (so ``max_connections``, client-side
-      caching and metrics apply) but kept in a LIFO list of our own. They are clean by
-      construction (a reply is always read in full; any other failure disconnects the
-      connection), so one ``poll`` tells whether the server closed one; a forked child
-      drops the list (see ``_after_fork``) instead of checking the pid per call.
+      twice. Connections here are made by the pool (so client-side caching and metrics
+      apply) but kept in a LIFO list of our own. They are clean by construction (a reply is
+      always read in full; any other failure disconnects the connection), so one ``poll``
+      tells whether the server closed one; a forked child drops the list (see
+      ``_after_fork``) instead of checking the pid per call.
+
+    At most ``max_connections - 2`` of them exist at once (the pool's ``max_connections``;
+    two are left to the pool for the release notifications and anything else): a caller
+    that finds them all busy waits for one. Renewals never queue here (they have a
+    connection of their own, see :class:`RedisBackend`).
+
+    A command that fails after it was sent (a timeout, an interrupt) may still run. When the
+    caller gives an ``undo`` (the release of an acquire attempt), it is written right behind
+    the command on the SAME connection, so the server runs it after the command whenever the
+    command arrives (a stalled server, delayed packets); the connection is then half-closed
+    and set aside until the server has answered both (or a while has passed), never reused.
 
     Commands go out with the connection's public ``send_packed_command`` and come back
     through ``read_response``. Clients without a plain pool (a single-connection client,
     Redis Cluster) use ``execute_command`` instead.
     """
 
-    __slots__ = ("__weakref__", "_client", "_free", "_make")
+    __slots__ = ("__weakref__", "_client", "_draining", "_free", "_make", "_tokens")
 
     def __init__(self, client: Any) -> None:
         self._client = client
         pool = getattr(client, "connection_pool", None)
-        make = getattr(pool, "make_connection", None)
-        usable = getattr(client, "connection", None) is None and callable(make)
-        self._make: Any = make if usable else None
+        self._make = _connection_factory(client, pool)
         self._free: list[Any] = []
+        self._tokens = _tokens(pool)
+        self._draining: list[tuple[Any, float]] = []
         _wires.add(self)
 
-    def call(self, packed: bytes, args: tuple[object, ...]) -> Any:
-        """Send ``packed`` (``args`` is the same command unpacked, for the slow path)."""
+    def call(self, packed: bytes, args: tuple[object, ...], undo: _Undo | None = None) -> Any:
+        """Send ``packed`` (``args`` is the same command unpacked, for the slow path) and read
+        its reply; on a failure after sending, ``undo()`` (a command) follows it."""
         if self._make is None:
-            return self._client.execute_command(*args)
-        free = self._free
-        try:
-            connection = free.pop()
-        except IndexError:
-            connection = self._make()
-        else:
-            sock = getattr(connection, "_sock", None)
-            if sock is not None and _readable(sock):
-                # Nothing may be pending on an idle connection: this one was closed by the
-                # server (a restart, its idle timeout, CLIENT KILL). Reconnect before sending;
-                # a command is never sent twice, since one that failed may have run.
-                connection.disconnect()
+            try:
+                return self._client.execute_command(*args)
+            except BaseException:
+                if undo is not None:
+                    self._undo_apart(undo)
+                raise
+        if self._draining:
+            self._drain()
+        connection = self._checkout()
         try:
             connection.send_packed_command((packed,), check_health=False)
-            reply = connection.read_response()
+        except BaseException:
+            # A partial command never runs, but an interrupt may have landed after the last
+            # byte went out, or in the middle of connecting: drop the connection (it reconnects
+            # on its next use).
+            connection.disconnect()
+            self._checkin(connection)
+            if undo is not None:
+                self._undo_apart(undo)
+            raise
+        try:
+            reply = connection.read_response(disconnect_on_error=False)
         except ResponseError:
-            free.append(connection)  # the whole reply was read: the connection is clean
+            self._checkin(connection)  # the whole reply was read: the connection is clean
             raise
         except BaseException:
-            # A timeout or an interrupt may leave half a reply on the socket; a
-            # disconnected connection reconnects on its next use.
-            connection.disconnect()
-            free.append(connection)
+            self._fail(connection, undo)
             raise
-        free.append(connection)
+        self._checkin(connection)
         return reply
 
-    def call_then(self, packed: bytes, args: tuple[object, ...], then: tuple[bytes, ...]) -> tuple[Any, Any]:
+    def call_then(
+        self, packed: bytes, args: tuple[object, ...], then: tuple[bytes, ...], undo: _Undo | None = None
+    ) -> tuple[Any, Any]:
         """:meth:`call`, then the command ``then`` on the same connection in the same write
         (``WAIT`` counts the replicas that have this connection's writes): both replies. An
         error reply to the first command is raised once the second reply is read."""
         if self._make is None:
-            pipe = self._client.pipeline(transaction=False)
-            pipe.execute_command(*args)
-            pipe.execute_command(*then)
-            replies = pipe.execute(raise_on_error=False)
+            try:
+                pipe = self._client.pipeline(transaction=False)
+                pipe.execute_command(*args)
+                pipe.execute_command(*then)
+                replies = pipe.execute(raise_on_error=False)
+            except BaseException:
+                if undo is not None:
+                    self._undo_apart(undo)
+                raise
             for reply in replies:
                 if isinstance(reply, Exception):
                     raise reply
             return replies[0], replies[1]
-        free = self._free
-        connection = free.pop() if free else self._make()
-        sock = getattr(connection, "_sock", None)
-        if sock is not None and _readable(sock):
-            connection.disconnect()
+        if self._draining:
+            self._drain()
+        connection = self._checkout()
         try:
             connection.send_packed_command((packed, _packed(then)), check_health=False)
-            first: Any
-            try:
-                first = connection.read_response()
-            except ResponseError as exc:
-                first = exc
-            second = connection.read_response()
         except BaseException:
             connection.disconnect()
-            free.append(connection)
+            self._checkin(connection)
+            if undo is not None:
+                self._undo_apart(undo)
             raise
-        free.append(connection)
+        try:
+            first: Any
+            try:
+                first = connection.read_response(disconnect_on_error=False)
+            except ResponseError as exc:
+                first = exc
+            second = connection.read_response(disconnect_on_error=False)
+        except BaseException:
+            self._fail(connection, undo)
+            raise
+        self._checkin(connection)
         if isinstance(first, ResponseError):
             raise first
         return first, second
 
+    # -- connections ------------------------------------------------------------------
+
+    def _checkout(self) -> Any:
+        free = self._free
+        tokens = self._tokens
+        while True:
+            try:
+                connection = free.pop()
+            except IndexError:
+                pass
+            else:
+                sock = getattr(connection, "_sock", None)
+                if sock is not None and _readable(sock):
+                    # Nothing may be pending on an idle connection: this one was closed by the
+                    # server (a restart, its idle timeout, CLIENT KILL). Reconnect before
+                    # sending; a command is never sent twice, since one that failed may have run.
+                    connection.disconnect()
+                return connection
+            if tokens is None:
+                break
+            # One token per connection that may exist; all in use: wait for a connection to
+            # come back (checked for every 50 ms) or to be gone for good.
+            try:
+                tokens.get(timeout=0.05)
+            except queue.Empty:
+                continue
+            break
+        assert self._make is not None
+        try:
+            connection = self._make()
+        except BaseException:
+            if tokens is not None:
+                tokens.put(None)
+            raise
+        if tokens is not None:
+            _return_token_when_gone(connection, tokens)
+        return connection
+
+    def _checkin(self, connection: Any) -> None:
+        self._free.append(connection)
+
+    def _fail(self, connection: Any, undo: _Undo | None) -> None:
+        """A command was sent but its reply not read (a timeout, an interrupt): the reply may
+        still come, so the connection is never reused as it is."""
+        if undo is not None and self._undo_behind(connection, undo):
+            return
+        # A disconnected connection reconnects on its next use.
+        connection.disconnect()
+        self._checkin(connection)
+
+    def _undo_behind(self, connection: Any, undo: _Undo) -> bool:
+        """Write ``undo()`` behind the command in flight on ``connection`` and half-close it;
+        ``False`` if that was impossible (then the undo goes on another connection)."""
+        sock = getattr(connection, "_sock", None)
+        if sock is None:
+            self._undo_apart(undo)
+            return False
+        try:
+            sock.sendall(b"".join(_pack_any(command) for command in undo()))
+            sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            connection.disconnect()
+            self._checkin(connection)
+            self._undo_apart(undo)
+            return True
+        # Set aside (still counted: its token comes back once it is gone): closed once the
+        # server has answered both commands (it closes its side after our FIN), or after
+        # DRAIN_FOR.
+        self._draining.append((connection, time.monotonic() + DRAIN_FOR))
+        return True
+
+    def _undo_apart(self, undo: _Undo) -> None:
+        """Best effort: ``undo()`` on another connection (the failed one is gone)."""
+        for command in undo():
+            try:
+                self.call(_pack_any(command), command)
+            except (RedisError, OSError):
+                pass
+
+    def _drain(self) -> None:
+        """Close the set-aside connections whose server side has finished (or timed out)."""
+        now = time.monotonic()
+        keep = []
+        for connection, until in self._draining:
+            sock = getattr(connection, "_sock", None)
+            if sock is not None and now < until and not _drained(sock):
+                keep.append((connection, until))
+                continue
+            connection.disconnect()
+        self._draining = keep
+
     def close(self) -> None:
         free, self._free = self._free, []
         for connection in free:
+            connection.disconnect()
+        draining, self._draining = self._draining, []
+        for connection, _ in draining:
             connection.disconnect()
 
     def _after_fork(self) -> None:
         # The parent's sockets: never write to them from the child. Dropping the objects
         # is safe, redis-py only shuts a socket down in the process that opened it.
         self._free = []
+        self._draining = []
+        self._tokens = _tokens(getattr(self._client, "connection_pool", None))
+
+
+class _Line:
+    """A connection of its own for one thread (the watchdog's renewals): a batch of commands
+    written at once, their replies read in order. Never shared, never pooled: nothing else
+    can hold it up or use it up."""
+
+    __slots__ = ("_client", "_connection", "_make")
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self._make = _connection_factory(client, getattr(client, "connection_pool", None))
+        self._connection: Any = None
+
+    def round_trip(self, commands: list[tuple[object, ...]]) -> list[Any]:
+        """Send ``commands``, return one reply (or error reply, as an exception) per command."""
+        if self._make is None:
+            pipe = self._client.pipeline(transaction=False)
+            for command in commands:
+                pipe.execute_command(*command)
+            return list(pipe.execute(raise_on_error=False))
+        connection = self._connection
+        if connection is None:
+            connection = self._connection = self._make()
+        try:
+            connection.send_packed_command([b"".join(_pack_any(command) for command in commands)], check_health=False)
+            replies: list[Any] = []
+            for _ in commands:
+                try:
+                    replies.append(connection.read_response(disconnect_on_error=False))
+                except ResponseError as exc:
+                    replies.append(exc)
+        except BaseException:
+            connection.disconnect()  # reconnects on the next round trip
+            raise
+        return replies
+
+    def close(self) -> None:
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            connection.disconnect()
+
+
+#: How long a connection whose command failed after it was sent stays set aside, waiting for
+#: the server to answer the command and the undo written behind it, before it is closed.
+DRAIN_FOR = 30.0
+
+#: Connections of the pool's ``max_connections`` that lock commands leave to other uses
+#: (release notifications, the renewals' connection).
+_POOL_RESERVE = 2
+
+
+def _connection_factory(client: Any, pool: Any) -> Callable[[], Any] | None:
+    """How a wire makes its connections: the pool's connection class with the pool's
+    settings, outside the pool's own count (a wire bounds its connections itself), or
+    ``None`` for a client without a plain pool (commands then use ``execute_command``)."""
+    if getattr(client, "connection", None) is not None or pool is None:
+        return None
+    cls = getattr(pool, "connection_class", None)
+    kwargs = getattr(pool, "connection_kwargs", None)
+    if cls is None or not isinstance(kwargs, dict) or not callable(getattr(pool, "make_connection", None)):
+        return None
+    return lambda: cls(**kwargs)
+
+
+#: The weak references that give connections' tokens back (kept alive here until they fire).
+_token_refs: set[weakref.ref[Any]] = set()
+
+
+def _return_token_when_gone(connection: Any, tokens: queue.SimpleQueue[Any]) -> None:
+    """Put a token back into ``tokens`` once ``connection`` is gone, however it went (also one
+    dropped by an exception raised asynchronously at the worst moment). The callback is
+    ``SimpleQueue.put`` itself, a C call, which such an exception cannot interrupt (the
+    weakref is the token it puts back; its value does not matter)."""
+    if len(_token_refs) > 4096:
+        _token_refs.difference_update([ref for ref in list(_token_refs) if ref() is None])
+    _token_refs.add(weakref.ref(connection, tokens.put))
+
+
+def _tokens(pool: Any) -> queue.SimpleQueue[Any] | None:
+    """One token per connection lock commands may have open at once (the pool's
+    ``max_connections`` less :data:`_POOL_RESERVE`); ``None``: no limit. A SimpleQueue: its
+    ``put`` is safe from a finaliser, wherever the garbage collector runs it."""
+    limit = getattr(pool, "max_connections", None)
+    if not isinstance(limit, int) or limit >= 2**20:
+        return None
+    tokens: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    for _ in range(max(1, limit - _POOL_RESERVE)):
+        tokens.put(None)
+    return tokens
+
+
+#: Builds the commands that undo a command in flight (called only when one failed).
+_Undo = Callable[[], list[tuple[object, ...]]]
+
+
+def _pack_any(command: tuple[object, ...]) -> bytes:
+    """``command`` (str, bytes and int arguments) in the wire format."""
+    parts: list[bytes] = []
+    for arg in command:
+        if isinstance(arg, bytes):
+            parts.append(arg)
+        elif isinstance(arg, int):
+            parts.append(b"%d" % arg)
+        else:
+            parts.append(str(arg).encode())
+    return _packed(tuple(parts))
+
+
+def _drained(sock: Any) -> bool:
+    """Read what the server sent on a half-closed socket; ``True`` at its end (EOF or an
+    error): the server has run everything written to it."""
+    try:
+        while _readable(sock):
+            if not sock.recv(65536, socket.MSG_DONTWAIT):
+                return True
+    except BlockingIOError:
+        return False
+    except (OSError, ValueError):
+        return True
+    return False
 
 
 def _readable(sock: Any) -> bool:
-    """Whether a socket has something to read (data, EOF or an error): one poll(2), no wait."""
+    """Whether a socket has something to read (data, EOF or an error): one poll(2), no wait.
+    A socket closed under us (fd -1) counts as readable: it must be dropped."""
     poller = select.poll()
-    poller.register(sock, select.POLLIN)
+    try:
+        poller.register(sock, select.POLLIN)
+    except (ValueError, OSError):
+        return True
     return bool(poller.poll(0))
 
 
@@ -267,7 +561,12 @@ def _packed(command: tuple[bytes, ...]) -> bytes:
 def map_redis_error(exc: BaseException, key: str | None, action: str) -> BackendError:
     """The one place that turns a driver error into a :class:`BackendError`."""
     what = f" for {key!r}" if key is not None else ""
-    return BackendError(f"{action}{what} failed: {type(exc).__name__}: {exc}", key=key)
+    # Connection failures and timeouts may pass (a restart, a failover); an error reply will not.
+    transient = isinstance(exc, (redis.ConnectionError, redis.TimeoutError, OSError)) or (
+        isinstance(exc, ResponseError)
+        and str(exc).startswith(("LOADING", "BUSY", "TRYAGAIN", "MASTERDOWN", "READONLY"))
+    )
+    return BackendError(f"{action}{what} failed: {type(exc).__name__}: {exc}", key=key, transient=transient)
 
 
 def no_retry_client(url: str, **options: Any) -> redis.Redis:
@@ -282,6 +581,16 @@ def no_retry_client(url: str, **options: Any) -> redis.Redis:
     options.setdefault("retry", Retry(backoff=NoBackoff(), retries=0))
     options["decode_responses"] = False
     return redis.Redis.from_url(url, **options)
+
+
+class _RenewChunk(NamedTuple):
+    """One script call of a renewal: its script, keys and arguments, and the indexes (into
+    the renewed items) of the items it answers for, in the order of its statuses."""
+
+    script: LuaScript
+    keys: list[str]
+    args: list[object]
+    indexes: list[int]
 
 
 class _RedisLocks:
@@ -371,7 +680,8 @@ class _RedisLocks:
         if status == 1:
             return AcquireResult(True, value, 1)
         if status == 0:
-            return AcquireResult(False, holder_ttl=value / 1000.0)
+            # -1: nothing will free up by itself (a foreign value without expiry, no permits)
+            return AcquireResult(False, holder_ttl=None if value < 0 else value / 1000.0)
         return AcquireResult(False, permits=value)
 
     def _multi_request(
@@ -423,6 +733,23 @@ class _RedisLocks:
             )
         return (lock, lock + b":waiters"), (token.encode(),)
 
+    # -- undo: what gives back an acquire attempt that failed after it was sent (no I/O) --
+
+    def _acquire_undo(self, lock: bytes, token: str, fair: bool) -> _Undo:
+        # EVAL with the whole text: an undo cannot meet NOSCRIPT and retry.
+        return lambda: [self._release.eval_command(*self._release_request(lock, token, fair))]
+
+    def _multi_undo(self, keys: Sequence[str], token: str) -> _Undo:
+        return lambda: [
+            self._release.eval_command(*self._release_request(self._lock(key), token, False)) for key in keys
+        ]
+
+    def _sem_undo(self, key: str, token: str) -> _Undo:
+        return lambda: [self._sem_release.eval_command(*self._sem_release_request(key, token))]
+
+    def _rw_undo(self, key: str, token: str, mode: str) -> _Undo:
+        return lambda: [self._rw_release.eval_command(*self._rw_release_request(key, token, mode))]
+
     @staticmethod
     def _unqueue_request(lock: bytes, waiter: str, kind: str) -> tuple[tuple[bytes, ...], tuple[bytes, ...]]:
         if kind == "semaphore":
@@ -470,12 +797,11 @@ class _RedisLocks:
     def _reentered(holds: int) -> AcquireResult:
         return AcquireResult(holds > 0, 0, holds)
 
-    def _queue_renewals(self, pipe: Any, leases: Sequence[RenewItem]) -> list[int]:
-        """Queue one EVALSHA per chunk of ``leases`` on a pipeline (sync or async: queueing
-        does no I/O in either): locks and writers with renew.lua, semaphore permits and
-        readers (by the item's kind, see :data:`RenewItem`) with sem_renew.lua. Returns the
-        order in which the answers come back, as indexes into ``leases`` (see
-        :meth:`_renewed`)."""
+    def _renew_chunks(self, leases: Sequence[RenewItem]) -> list[_RenewChunk]:
+        """``leases`` as script calls of at most :data:`RENEW_CHUNK` items each: locks and
+        writers with renew.lua, semaphore permits and readers (by the item's kind, see
+        :data:`RenewItem`) with sem_renew.lua. Each chunk keeps the indexes into ``leases``
+        of its items, in the order of the script's statuses."""
         namespace = self.namespace
         # renew.lua extends a hash its token is in: a lock (or fair lock), a writer;
         # sem_renew.lua a sorted-set member: a semaphore permit, a reader.
@@ -486,41 +812,80 @@ class _RedisLocks:
             raise ValueError(f"cannot renew leases of kind {sorted(unknown)}")
         hashes = [i for i, kind in enumerate(kinds) if kind in ("lock", "fair", "write")]
         members = [i for i, kind in enumerate(kinds) if kind in ("semaphore", "read")]
+        chunks: list[_RenewChunk] = []
         for start in range(0, len(hashes), RENEW_CHUNK):
+            indexes = hashes[start : start + RENEW_CHUNK]
             keys: list[str] = []
             args: list[object] = []
-            for i in hashes[start : start + RENEW_CHUNK]:
+            for i in indexes:
                 key, token, lease = items[i][:3]
                 keys.append(f"{namespace}{{{key}}}" + (":rw:w" if kinds[i] == "write" else ""))
                 args.append(token)
                 args.append(_ms(lease))
-            pipe.execute_command("EVALSHA", self._renew.sha, len(keys), *keys, *args)
+            chunks.append(_RenewChunk(self._renew, keys, args, indexes))
         for start in range(0, len(members), RENEW_CHUNK):
+            indexes = members[start : start + RENEW_CHUNK]
             keys = []
             args = []
-            for i in members[start : start + RENEW_CHUNK]:
+            for i in indexes:
                 key, token, lease = items[i][:3]
                 base = f"{namespace}{{{key}}}" + (":sem" if kinds[i] == "semaphore" else ":rw")
                 keys.append(base if kinds[i] == "semaphore" else base + ":r")
                 keys.append(base + ":fences")
                 args.append(token)
                 args.append(_ms(lease))
-            pipe.execute_command("EVALSHA", self._sem_renew.sha, len(keys), *keys, *args)
-        return hashes + members
+            chunks.append(_RenewChunk(self._sem_renew, keys, args, indexes))
+        return chunks
 
     @staticmethod
-    def _renewed(replies: list[Any], order: list[int]) -> list[bool]:
-        for reply in replies:
-            if isinstance(reply, Exception):
-                raise reply
-        statuses = [bool(status) for reply in replies for status in reply]
-        renewed = [False] * len(order)
-        for index, status in zip(order, statuses, strict=True):
-            renewed[index] = status
-        return renewed
+    def _renew_round(
+        chunks: list[_RenewChunk], pending: list[int], attempt: int
+    ) -> list[tuple[int | None, tuple[object, ...]]]:
+        """The commands of one round trip of a renewal, each with the index of the chunk it
+        answers for (``None``: a SCRIPT LOAD). Round 0 sends every chunk with EVALSHA;
+        the chunks that met NOSCRIPT go again, in round 1 after a SCRIPT LOAD of their
+        scripts, in round 2 with EVAL (the full text: it cannot meet NOSCRIPT)."""
+        commands: list[tuple[int | None, tuple[object, ...]]] = []
+        if attempt == 1:
+            loaded: list[LuaScript] = []
+            for index in pending:
+                script = chunks[index].script
+                if script not in loaded:
+                    loaded.append(script)
+                    commands.append((None, ("SCRIPT", "LOAD", script.source)))
+        for index in pending:
+            chunk = chunks[index]
+            make = chunk.script.eval_command if attempt == 2 else chunk.script.command
+            commands.append((index, make(chunk.keys, chunk.args)))
+        return commands
 
-    def _renew_scripts(self) -> tuple[LuaScript, ...]:
-        return (self._renew, self._sem_renew)
+    @staticmethod
+    def _renew_replies(
+        commands: list[tuple[int | None, tuple[object, ...]]], results: list[Any], replies: list[Any]
+    ) -> list[int]:
+        """Record the replies of one round trip in ``replies`` (by chunk); the chunks that met
+        NOSCRIPT, to send again."""
+        again: list[int] = []
+        for (index, _), result in zip(commands, results, strict=True):
+            if index is None:
+                continue
+            replies[index] = result
+            if isinstance(result, NoScriptError):
+                again.append(index)
+        return again
+
+    @staticmethod
+    def _renewed(chunks: list[_RenewChunk], replies: list[Any], count: int) -> list[bool | None]:
+        """One status per item from the chunks' replies: ``True`` renewed, ``False`` not ours
+        any more, ``None`` when its chunk's call failed (an error reply: that chunk only)."""
+        renewed: list[bool | None] = [None] * count
+        for chunk, reply in zip(chunks, replies, strict=True):
+            if isinstance(reply, Exception):
+                log.warning("renewal of %d lease(s) failed, to be retried: %s", len(chunk.indexes), reply)
+                continue
+            for index, status in zip(chunk.indexes, reply, strict=True):
+                renewed[index] = bool(status)
+        return renewed
 
     @staticmethod
     def _renew_error(exc: RedisError, leases: Sequence[RenewItem]) -> BackendError:
@@ -548,6 +913,7 @@ class RedisBackend(_RedisLocks):
         self._url = url
         self._options = options
         self._wire = _Wire(client)
+        self._renew_line = _Line(client)
         self._notifier: RedisNotifier | None = None
         self._notifier_lock = threading.Lock()
         self._closed = False
@@ -577,12 +943,14 @@ class RedisBackend(_RedisLocks):
         front: bool = False,
         fair: bool = False,
     ) -> AcquireResult:
-        keys, args = self._acquire_request(self._lock(key), token, lease, waiter, front, fair)
+        lock = self._lock(key)
+        keys, args = self._acquire_request(lock, token, lease, waiter, front, fair)
+        undo = self._acquire_undo(lock, token, fair)
         try:
             if self._wait_command is not None:
-                reply, acked = self._acquire.run_then(self._wire, self.redis, keys, args, self._wait_command)
+                reply, acked = self._acquire.run_then(self._wire, self.redis, keys, args, self._wait_command, undo)
                 return self._replicated(self._acquired(reply), acked)
-            reply = self._acquire.run(self._wire, self.redis, keys, args)
+            reply = self._acquire.run(self._wire, self.redis, keys, args, undo)
         except RedisError as exc:
             raise map_redis_error(exc, key, "acquire") from exc
         return self._acquired(reply)
@@ -600,12 +968,15 @@ class RedisBackend(_RedisLocks):
     ) -> MultiAcquireResult:
         """Take every lock of ``keys`` for ``token``, all at once or none (multi_acquire.lua)."""
         packed, args = self._multi_request(keys, token, lease, waiter)
+        undo = self._multi_undo(keys, token)
         try:
             if self._wait_command is not None:
-                reply, acked = self._multi_acquire.run_then(self._wire, self.redis, packed, args, self._wait_command)
+                reply, acked = self._multi_acquire.run_then(
+                    self._wire, self.redis, packed, args, self._wait_command, undo
+                )
                 result = self._multi_acquired(keys, reply)
                 return result._replace(replicas=int(acked)) if result.acquired else result
-            return self._multi_acquired(keys, self._multi_acquire.run(self._wire, self.redis, packed, args))
+            return self._multi_acquired(keys, self._multi_acquire.run(self._wire, self.redis, packed, args, undo))
         except RedisError as exc:
             raise map_redis_error(exc, keys[0], "acquire") from exc
 
@@ -614,11 +985,12 @@ class RedisBackend(_RedisLocks):
     ) -> AcquireResult:
         """Take one of ``permits`` permits of semaphore ``key`` for ``lease`` seconds."""
         keys, args = self._sem_acquire_request(key, token, lease, permits, waiter, front)
+        undo = self._sem_undo(key, token)
         try:
             if self._wait_command is not None:
-                reply, acked = self._sem_acquire.run_then(self._wire, self.redis, keys, args, self._wait_command)
+                reply, acked = self._sem_acquire.run_then(self._wire, self.redis, keys, args, self._wait_command, undo)
                 return self._replicated(self._sem_acquired(reply), acked)
-            return self._sem_acquired(self._sem_acquire.run(self._wire, self.redis, keys, args))
+            return self._sem_acquired(self._sem_acquire.run(self._wire, self.redis, keys, args, undo))
         except RedisError as exc:
             raise map_redis_error(exc, key, "acquire") from exc
 
@@ -650,11 +1022,12 @@ class RedisBackend(_RedisLocks):
         self, key: str, token: str, lease: float, mode: str, waiter: str | None = None, below: str = ""
     ) -> AcquireResult:
         keys, args = self._rw_acquire_request(key, token, lease, mode, waiter, below)
+        undo = self._rw_undo(key, token, mode)
         try:
             if self._wait_command is not None:
-                reply, acked = self._rw_acquire.run_then(self._wire, self.redis, keys, args, self._wait_command)
+                reply, acked = self._rw_acquire.run_then(self._wire, self.redis, keys, args, self._wait_command, undo)
                 return self._replicated(self._sem_acquired(reply), acked)
-            return self._sem_acquired(self._rw_acquire.run(self._wire, self.redis, keys, args))
+            return self._sem_acquired(self._rw_acquire.run(self._wire, self.redis, keys, args, undo))
         except RedisError as exc:
             raise map_redis_error(exc, key, "acquire") from exc
 
@@ -689,22 +1062,25 @@ class RedisBackend(_RedisLocks):
             raise map_redis_error(exc, key, "release") from exc
         return _RELEASE_CODES[code]
 
-    def renew(self, leases: Sequence[RenewItem]) -> list[bool]:
+    def renew(self, leases: Sequence[RenewItem]) -> list[bool | None]:
+        """Renew ``leases`` in one round trip, on a connection of the renewals' own (so no
+        lock traffic, and no exhausted pool, ever delays a renewal). Called from one thread
+        at a time (the client's watchdog)."""
         if not leases:
             return []
+        chunks = self._renew_chunks(leases)
+        replies: list[Any] = [None] * len(chunks)
+        pending = list(range(len(chunks)))
         try:
-            pipe = self.redis.pipeline(transaction=False)
-            order = self._queue_renewals(pipe, leases)
-            replies: list[Any] = pipe.execute(raise_on_error=False)
-            if any(isinstance(reply, NoScriptError) for reply in replies):
-                for script in self._renew_scripts():
-                    self.redis.execute_command("SCRIPT", "LOAD", script.source)
-                pipe = self.redis.pipeline(transaction=False)
-                self._queue_renewals(pipe, leases)
-                replies = pipe.execute(raise_on_error=False)
-            return self._renewed(replies, order)
+            for attempt in range(3):
+                commands = self._renew_round(chunks, pending, attempt)
+                results = self._renew_line.round_trip([command for _, command in commands])
+                pending = self._renew_replies(commands, results, replies)
+                if not pending:
+                    break
         except RedisError as exc:
             raise self._renew_error(exc, leases) from exc
+        return self._renewed(chunks, replies, len(leases))
 
     def notifier(self) -> RedisNotifier | None:
         with self._notifier_lock:
@@ -727,6 +1103,7 @@ class RedisBackend(_RedisLocks):
         if notifier is not None:
             notifier.close()
         self._wire.close()
+        self._renew_line.close()
         self.redis.close()
         self.redis.connection_pool.disconnect()
 
@@ -735,10 +1112,13 @@ class RedisBackend(_RedisLocks):
         # survive the fork, so forget it and start a fresh one on demand.
         self._notifier = None
         self._notifier_lock = threading.Lock()
+        self._renew_line = _Line(self.redis)
 
 
 def _ms(seconds: float) -> int:
-    return max(1, int(seconds * 1000))
+    """Seconds as whole milliseconds, rounded UP (less a float's noise: 0.3 s is 300 ms): the
+    store's lease must never end before the client's local estimate of it."""
+    return max(1, math.ceil(seconds * 1000 - 1e-6))
 
 
 _FAIR_GONE_MS = b"%d" % _ms(FAIR_GONE_AFTER)
@@ -756,19 +1136,19 @@ UNAVAILABLE_FOR = 60.0
 
 
 class _Subscription:
-    """A sync waiter's registration for release messages of one lock."""
+    """A sync waiter's registration for release messages of one lock. (A :class:`Wakeup`,
+    not a ``threading.Event``: a waiter interrupted by a signal handler's exception must not
+    leave a lock behind that the reader thread then blocks on.)"""
 
     __slots__ = ("_event", "active", "channel")
 
     def __init__(self, channel: bytes) -> None:
         self.channel = channel
-        self._event = threading.Event()
+        self._event = Wakeup()
         self.active = False
 
     def wait(self, timeout: float) -> bool:
-        woke = self._event.wait(timeout)
-        self._event.clear()
-        return woke
+        return self._event.wait(timeout)
 
     def wake(self) -> None:
         self._event.set()
@@ -788,7 +1168,10 @@ class RedisNotifier:
         self._channel_for = channel_for
         #: This notifier's waiter id: queued in a lock's waiter list, woken on its own channel.
         self.waiter_id = os.urandom(8).hex()
-        self._lock = threading.Condition(threading.Lock())
+        # Entered as ``with self._mutex`` (a C-level enter: an exception raised asynchronously
+        # cannot leave it held); ``self._lock`` waits and notifies on it.
+        self._mutex = threading.Lock()
+        self._lock = threading.Condition(self._mutex)
         self._table = ChannelTable()
         self._pubsub: Any = None
         self._thread: threading.Thread | None = None
@@ -799,40 +1182,60 @@ class RedisNotifier:
         sub = _Subscription(self._channel_for(key, waiter or self.waiter_id).encode())
         now = time.monotonic()
         deadline = now + timeout
-        with self._lock:
+        with self._mutex:
             if self._closed or now < self._unavailable_until:
                 return sub
-            if self._table.join(sub, now):
-                try:
-                    self._send("SUBSCRIBE", sub.channel)
-                except RedisError as exc:
-                    log.warning("cannot subscribe to %r, waiting by polling: %s", sub.channel, exc)
-                    # Nothing will answer that SUBSCRIBE: forget the subscriber connection's
-                    # channels, as when the reader loses it, or this one waits for it forever.
-                    for other in self._table.reset():
-                        if other is not sub:
-                            other.wake()
-                    return sub
-            # Stop waiting when the reader gave up (it resets the table and clears _pubsub).
-            while not self._table.subscribed(sub.channel) and not self._closed and self._pubsub is not None:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or not self._lock.wait(remaining):
-                    break
+            try:
+                if self._table.join(sub, now):
+                    try:
+                        self._send("SUBSCRIBE", sub.channel)
+                    except RedisError as exc:
+                        log.warning("cannot subscribe to %r, waiting by polling: %s", sub.channel, exc)
+                        # Nothing will answer that SUBSCRIBE: forget the subscriber connection's
+                        # channels, as when the reader loses it, or this one waits for it forever.
+                        self._forget_connection(sub)
+                        return sub
+                    except BaseException:
+                        # Interrupted: whether SUBSCRIBE went out is unknown, so no reply can be
+                        # counted on; start over on a fresh connection.
+                        self._forget_connection(sub)
+                        raise
+                # Stop waiting when the reader gave up (it resets the table and clears _pubsub).
+                while not self._table.subscribed(sub.channel) and not self._closed and self._pubsub is not None:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0 or not self._lock.wait(remaining):
+                        break
+            except BaseException:
+                self._table.leave(sub, time.monotonic())  # the caller never gets it to leave
+                raise
             sub.active = self._table.subscribed(sub.channel)
         return sub
+
+    # Called with self._mutex held.
+    def _forget_connection(self, sub: _Subscription) -> None:
+        for other in self._table.reset():
+            if other is not sub:
+                other.wake()
+        self._thread = None  # the reader of the old connection stops (see _read)
+        pubsub, self._pubsub = self._pubsub, None
+        if pubsub is not None:
+            try:
+                pubsub.close()
+            except (RedisError, OSError):  # pragma: no cover - closing a broken connection
+                pass
 
     def listening(self, key: str) -> bool:
         """Whether this notifier already listens for wake-ups of ``key`` (so a first attempt
         may queue at once: a wake-up that comes before its waiter registers is kept)."""
-        with self._lock:
+        with self._mutex:
             return self._table.subscribed(self._channel_for(key, self.waiter_id).encode())
 
     def unsubscribe(self, subscription: Any) -> None:
-        with self._lock:
+        with self._mutex:
             self._table.leave(subscription, time.monotonic())
 
     def close(self) -> None:
-        with self._lock:
+        with self._mutex:
             self._closed = True
             pubsub, self._pubsub = self._pubsub, None
             for waiter in self._table.reset():
@@ -847,7 +1250,7 @@ class RedisNotifier:
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=5.0)
 
-    # Called with self._lock held.
+    # Called with self._mutex held.
     def _send(self, command: str, name: bytes) -> None:
         if self._pubsub is None:
             self._pubsub = self._redis.pubsub(ignore_subscribe_messages=False)
@@ -860,10 +1263,11 @@ class RedisNotifier:
             self._thread.start()
 
     def _read(self) -> None:
+        me = threading.current_thread()
         while True:
-            with self._lock:
-                if self._closed:
-                    return
+            with self._mutex:
+                if self._closed or self._thread is not me:
+                    return  # closed, or the connection was replaced (see _forget_connection)
                 pubsub = self._pubsub
                 for name in self._table.idle(time.monotonic()):
                     try:
@@ -885,7 +1289,7 @@ class RedisNotifier:
         kind = message["type"]
         kind = kind.encode() if isinstance(kind, str) else kind
         name = message["channel"]
-        with self._lock:
+        with self._mutex:
             if kind == b"message":
                 for waiter in self._table.message(name, time.monotonic()):
                     waiter.wake()
@@ -893,21 +1297,24 @@ class RedisNotifier:
                 self._lock.notify_all()
 
     def _connection_lost(self, pubsub: Any, exc: BaseException) -> None:
-        with self._lock:
+        with self._mutex:
             if self._closed:
                 return
-            if isinstance(exc, ResponseError):
+            if self._pubsub is not pubsub:
+                pass  # an older connection, already replaced: nothing to reset
+            elif isinstance(exc, ResponseError):
                 # NOPERM (an ACL without pub/sub) or an unknown command behind a proxy.
                 self._unavailable_until = time.monotonic() + UNAVAILABLE_FOR
                 log.warning("the server refuses pub/sub, waiters poll instead for %gs: %s", UNAVAILABLE_FOR, exc)
             else:
                 log.warning("release notifications interrupted, waiters fall back to polling: %s", exc)
-            for waiter in self._table.reset():
-                waiter.wake()
             if self._pubsub is pubsub:
+                for waiter in self._table.reset():
+                    waiter.wake()
                 self._pubsub = None
-            self._thread = None
-            self._lock.notify_all()
+                if self._thread is threading.current_thread():
+                    self._thread = None
+                self._lock.notify_all()
         try:
             pubsub.close()
         except (RedisError, OSError):  # pragma: no cover
@@ -940,92 +1347,228 @@ _WRITE_HIGH_WATER = 64 * 1024
 class _AsyncWire:
     """:class:`_Wire` for one event loop: pre-packed lock commands over connections kept in
     a LIFO list, checked before reuse (the loop reads a closed connection's EOF into its
-    stream as soon as it arrives), never sent twice."""
+    stream as soon as it arrives), never sent twice, at most ``max_connections - 2`` at once,
+    and a failed or cancelled command's ``undo`` written behind it on the same connection.
 
-    __slots__ = ("_client", "_free", "_make")
+    A fresh connection connects in a task of its own, shielded from the caller: before
+    Python 3.12, ``asyncio.wait_for`` (which redis-py wraps around the handshake's writes)
+    can swallow a cancellation that lands as a write completes, and the caller would then go
+    on, and into its critical section, as if it had not been cancelled."""
+
+    __slots__ = ("_client", "_free", "_make", "_tasks", "_tokens", "_waiters")
 
     def __init__(self, client: Any) -> None:
         self._client = client
         pool = getattr(client, "connection_pool", None)
-        make = getattr(pool, "make_connection", None)
-        usable = getattr(client, "connection", None) is None and callable(make)
-        self._make: Any = make if usable else None
+        self._make = _connection_factory(client, pool)
         self._free: list[Any] = []
+        self._tokens = _tokens(pool)
+        self._waiters: list[asyncio.Future[None]] = []
+        self._tasks: set[asyncio.Task[Any]] = set()
 
-    async def call(self, packed: bytes, args: tuple[object, ...]) -> Any:
+    async def call(self, packed: bytes, args: tuple[object, ...], undo: _Undo | None = None) -> Any:
         if self._make is None:
-            return await self._client.execute_command(*args)
-        free = self._free
-        try:
-            connection = free.pop()
-        except IndexError:
-            connection = self._make()
-        else:
-            reader = getattr(connection, "_reader", None)
-            if reader is not None and (reader.at_eof() or reader.exception() is not None):
-                await connection.disconnect(nowait=True)  # the server closed it: reconnect
-        try:
-            writer = getattr(connection, "_writer", None)
-            if writer is None or not connection.is_connected:
-                await connection.send_packed_command((packed,), check_health=False)
-            else:
-                # redis.asyncio wraps every write in asyncio.wait_for (a task and a timer per
-                # command) when a socket timeout is set. A write only appends to the transport's
-                # buffer; drain, under the timeout, only when the buffer is past its high-water
-                # mark. The read below keeps redis-py's own timeout.
-                writer.write(packed)
-                if writer.transport.get_write_buffer_size() > _WRITE_HIGH_WATER:
-                    await asyncio.wait_for(writer.drain(), connection.socket_timeout)
-            reply = await connection.read_response()
-        except ResponseError:
-            free.append(connection)  # the whole reply was read: the connection is clean
-            raise
-        except BaseException:
-            # A timeout or a cancellation (asyncio.wait_for, a cancelled caller) may leave
-            # half a reply on the socket: drop the connection, it reconnects on next use.
-            _abandon(connection)
-            free.append(connection)
-            raise
-        free.append(connection)
-        return reply
+            try:
+                return await self._client.execute_command(*args)
+            except BaseException:
+                if undo is not None:
+                    self._spawn(self._undo_apart(undo))
+                raise
+        connection = await self._checkout()
+        return (await self._round_trip(connection, (packed,), 1, undo))[0]
 
-    async def call_then(self, packed: bytes, args: tuple[object, ...], then: tuple[bytes, ...]) -> tuple[Any, Any]:
+    async def call_then(
+        self, packed: bytes, args: tuple[object, ...], then: tuple[bytes, ...], undo: _Undo | None = None
+    ) -> tuple[Any, Any]:
         """:meth:`_Wire.call_then` for one event loop."""
         if self._make is None:
-            pipe = self._client.pipeline(transaction=False)
-            pipe.execute_command(*args)
-            pipe.execute_command(*then)
-            replies = await pipe.execute(raise_on_error=False)
+            try:
+                pipe = self._client.pipeline(transaction=False)
+                pipe.execute_command(*args)
+                pipe.execute_command(*then)
+                replies = await pipe.execute(raise_on_error=False)
+            except BaseException:
+                if undo is not None:
+                    self._spawn(self._undo_apart(undo))
+                raise
             for reply in replies:
                 if isinstance(reply, Exception):
                     raise reply
             return replies[0], replies[1]
-        free = self._free
-        connection = free.pop() if free else self._make()
-        reader = getattr(connection, "_reader", None)
-        if reader is not None and (reader.at_eof() or reader.exception() is not None):
-            await connection.disconnect(nowait=True)
-        try:
-            await connection.send_packed_command((packed, _packed(then)), check_health=False)
-            first: Any
-            try:
-                first = await connection.read_response()
-            except ResponseError as exc:
-                first = exc
-            second = await connection.read_response()
-        except BaseException:
-            _abandon(connection)
-            free.append(connection)
-            raise
-        free.append(connection)
+        connection = await self._checkout()
+        first, second = await self._round_trip(connection, (packed, _packed(then)), 2, undo)
         if isinstance(first, ResponseError):
             raise first
         return first, second
+
+    async def _round_trip(self, connection: Any, frames: tuple[bytes, ...], count: int, undo: _Undo | None) -> Any:
+        """Write ``frames`` (no await: nothing can interrupt it) and read ``count`` replies (an
+        error reply to any but the last is returned, not raised)."""
+        try:
+            writer = connection._writer
+            for frame in frames:
+                writer.write(frame)
+        except BaseException:
+            _abandon(connection)
+            self._checkin(connection)
+            if undo is not None:
+                self._spawn(self._undo_apart(undo))
+            raise
+        replies: list[Any] = []
+        try:
+            # redis.asyncio wraps every write in asyncio.wait_for (a task and a timer per
+            # command) when a socket timeout is set. A write only appends to the transport's
+            # buffer; drain, under the timeout, only when the buffer is past its high-water
+            # mark. The read keeps redis-py's own timeout.
+            if writer.transport.get_write_buffer_size() > _WRITE_HIGH_WATER:
+                await asyncio.wait_for(writer.drain(), connection.socket_timeout)
+            while len(replies) < count - 1:
+                try:
+                    replies.append(await connection.read_response(disconnect_on_error=False))
+                except ResponseError as exc:
+                    replies.append(exc)
+            replies.append(await connection.read_response(disconnect_on_error=False))
+        except ResponseError:
+            self._checkin(connection)  # the whole reply was read: the connection is clean
+            raise
+        except BaseException:
+            # A timeout, a cancellation: the command went out and may run.
+            if undo is None or not self._undo_behind(connection, undo):
+                _abandon(connection)  # half a reply may be on the socket: reconnects on next use
+                self._checkin(connection)
+            raise
+        self._checkin(connection)
+        return replies
+
+    async def _checkout(self) -> Any:
+        free = self._free
+        tokens = self._tokens
+        while True:
+            if free:
+                connection = free.pop()
+                reader = getattr(connection, "_reader", None)
+                if reader is not None and (reader.at_eof() or reader.exception() is not None):
+                    _abandon(connection)  # the server closed it: reconnect
+                break
+            if tokens is None or _take_token(tokens):
+                assert self._make is not None
+                try:
+                    connection = self._make()
+                except BaseException:
+                    if tokens is not None:
+                        tokens.put(None)
+                    raise
+                if tokens is not None:
+                    _return_token_when_gone(connection, tokens)
+                break
+            # All busy: wait for one to come back (or, every 50 ms, for a token).
+            loop = asyncio.get_running_loop()
+            waiter: asyncio.Future[None] = loop.create_future()
+            timer = loop.call_later(0.05, _resolve_none, waiter)
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            finally:
+                timer.cancel()
+                if waiter in self._waiters:
+                    self._waiters.remove(waiter)
+                elif waiter.cancelled() and free:
+                    self._wake_one()  # pass on a wake-up we will not use
+        if connection.is_connected:
+            return connection
+        task = self._spawn(connection.connect())
+        try:
+            await asyncio.shield(task)
+        except BaseException:
+            # Cancelled (the connect goes on, the connection comes back when it is done) or
+            # failed (the connection reconnects on its next use).
+            if task.done():
+                self._checkin(connection)
+            else:
+                task.add_done_callback(lambda _: self._checkin(connection))
+            raise
+        return connection
+
+    def _checkin(self, connection: Any) -> None:
+        self._free.append(connection)
+        self._wake_one()
+
+    def _wake_one(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.pop(0)
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
+        task: asyncio.Task[Any] = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def _undo_behind(self, connection: Any, undo: _Undo) -> bool:
+        """Write ``undo()`` behind the command in flight and half-close the connection, then
+        drain it in the background (see :meth:`_Wire._undo_behind`)."""
+        writer = getattr(connection, "_writer", None)
+        if writer is None or writer.is_closing():
+            self._spawn(self._undo_apart(undo))
+            return False
+        try:
+            writer.write(b"".join(_pack_any(command) for command in undo()))
+            if writer.can_write_eof():
+                writer.write_eof()
+        except (OSError, RuntimeError):
+            self._spawn(self._undo_apart(undo))
+            return False
+        # Out of the free list for good, still counted until it is drained and closed.
+        reader = connection._reader
+        parser = getattr(connection, "_parser", None)
+        if parser is not None:
+            with contextlib.suppress(Exception):
+                parser.on_disconnect()
+        connection._reader = connection._writer = None
+        self._spawn(self._drain(reader, writer))
+        return True
+
+    async def _drain(self, reader: Any, writer: Any) -> None:
+        async def until_eof() -> None:
+            while await reader.read(65536):
+                pass
+
+        try:
+            await asyncio.wait_for(until_eof(), DRAIN_FOR)
+        except BaseException:  # noqa: BLE001 - the server went away, or we gave up
+            pass
+        finally:
+            writer.close()
+
+    async def _undo_apart(self, undo: _Undo) -> None:
+        """Best effort: ``undo()`` on another connection."""
+        for command in undo():
+            with contextlib.suppress(RedisError, OSError):
+                await self.call(_pack_any(command), command)
 
     async def close(self) -> None:
         free, self._free = self._free, []
         for connection in free:
             await connection.disconnect(nowait=True)
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(list(self._tasks))
+
+
+def _take_token(tokens: queue.SimpleQueue[Any]) -> bool:
+    try:
+        tokens.get_nowait()
+    except queue.Empty:
+        return False
+    return True
+
+
+def _resolve_none(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _abandon(connection: Any) -> None:
@@ -1040,14 +1583,18 @@ def _abandon(connection: Any) -> None:
 
 
 async def _run_async(
-    script: LuaScript, wire: _AsyncWire, client: Any, keys: tuple[bytes, ...], args: tuple[bytes, ...]
+    script: LuaScript,
+    wire: _AsyncWire,
+    client: Any,
+    keys: tuple[bytes, ...],
+    args: tuple[bytes, ...],
+    undo: _Undo | None = None,
 ) -> Any:
-    command = ("EVALSHA", script.sha, len(keys), *keys, *args)
+    """:meth:`LuaScript.run` for one event loop."""
     try:
-        return await wire.call(script.packed(keys, args), command)
+        return await wire.call(script.packed(keys, args), script.command(keys, args), undo)
     except NoScriptError:
-        await client.execute_command("SCRIPT", "LOAD", script.source)
-        return await wire.call(script.packed(keys, args), command)
+        return await wire.call(script.packed_eval(keys, args), script.eval_command(keys, args), undo)
 
 
 async def _run_async_then(
@@ -1057,13 +1604,13 @@ async def _run_async_then(
     keys: tuple[bytes, ...],
     args: tuple[bytes, ...],
     then: tuple[bytes, ...],
+    undo: _Undo | None = None,
 ) -> tuple[Any, Any]:
-    command = ("EVALSHA", script.sha, len(keys), *keys, *args)
+    """:meth:`LuaScript.run_then` for one event loop."""
     try:
-        return await wire.call_then(script.packed(keys, args), command, then)
+        return await wire.call_then(script.packed(keys, args), script.command(keys, args), then, undo)
     except NoScriptError:
-        await client.execute_command("SCRIPT", "LOAD", script.source)
-        return await wire.call_then(script.packed(keys, args), command, then)
+        return await wire.call_then(script.packed_eval(keys, args), script.eval_command(keys, args), then, undo)
 
 
 class AsyncRedisBackend(_RedisLocks):
@@ -1088,14 +1635,16 @@ class AsyncRedisBackend(_RedisLocks):
         front: bool = False,
         fair: bool = False,
     ) -> AcquireResult:
-        keys, args = self._acquire_request(self._lock(key), token, lease, waiter, front, fair)
+        lock = self._lock(key)
+        keys, args = self._acquire_request(lock, token, lease, waiter, front, fair)
+        undo = self._acquire_undo(lock, token, fair)
         try:
             if self._wait_command is not None:
                 reply, acked = await _run_async_then(
-                    self._acquire, self._wire, self.redis, keys, args, self._wait_command
+                    self._acquire, self._wire, self.redis, keys, args, self._wait_command, undo
                 )
                 return self._replicated(self._acquired(reply), acked)
-            reply = await _run_async(self._acquire, self._wire, self.redis, keys, args)
+            reply = await _run_async(self._acquire, self._wire, self.redis, keys, args, undo)
         except RedisError as exc:
             raise map_redis_error(exc, key, "acquire") from exc
         return self._acquired(reply)
@@ -1111,15 +1660,16 @@ class AsyncRedisBackend(_RedisLocks):
         self, keys: Sequence[str], token: str, lease: float, waiter: str | None = None
     ) -> MultiAcquireResult:
         packed, args = self._multi_request(keys, token, lease, waiter)
+        undo = self._multi_undo(keys, token)
         try:
             if self._wait_command is not None:
                 reply, acked = await _run_async_then(
-                    self._multi_acquire, self._wire, self.redis, packed, args, self._wait_command
+                    self._multi_acquire, self._wire, self.redis, packed, args, self._wait_command, undo
                 )
                 result = self._multi_acquired(keys, reply)
                 return result._replace(replicas=int(acked)) if result.acquired else result
             return self._multi_acquired(
-                keys, await _run_async(self._multi_acquire, self._wire, self.redis, packed, args)
+                keys, await _run_async(self._multi_acquire, self._wire, self.redis, packed, args, undo)
             )
         except RedisError as exc:
             raise map_redis_error(exc, keys[0], "acquire") from exc
@@ -1128,13 +1678,14 @@ class AsyncRedisBackend(_RedisLocks):
         self, key: str, token: str, lease: float, permits: int, waiter: str | None = None, front: bool = False
     ) -> AcquireResult:
         keys, args = self._sem_acquire_request(key, token, lease, permits, waiter, front)
+        undo = self._sem_undo(key, token)
         try:
             if self._wait_command is not None:
                 reply, acked = await _run_async_then(
-                    self._sem_acquire, self._wire, self.redis, keys, args, self._wait_command
+                    self._sem_acquire, self._wire, self.redis, keys, args, self._wait_command, undo
                 )
                 return self._replicated(self._sem_acquired(reply), acked)
-            return self._sem_acquired(await _run_async(self._sem_acquire, self._wire, self.redis, keys, args))
+            return self._sem_acquired(await _run_async(self._sem_acquire, self._wire, self.redis, keys, args, undo))
         except RedisError as exc:
             raise map_redis_error(exc, key, "acquire") from exc
 
@@ -1165,13 +1716,14 @@ class AsyncRedisBackend(_RedisLocks):
         self, key: str, token: str, lease: float, mode: str, waiter: str | None = None, below: str = ""
     ) -> AcquireResult:
         keys, args = self._rw_acquire_request(key, token, lease, mode, waiter, below)
+        undo = self._rw_undo(key, token, mode)
         try:
             if self._wait_command is not None:
                 reply, acked = await _run_async_then(
-                    self._rw_acquire, self._wire, self.redis, keys, args, self._wait_command
+                    self._rw_acquire, self._wire, self.redis, keys, args, self._wait_command, undo
                 )
                 return self._replicated(self._sem_acquired(reply), acked)
-            return self._sem_acquired(await _run_async(self._rw_acquire, self._wire, self.redis, keys, args))
+            return self._sem_acquired(await _run_async(self._rw_acquire, self._wire, self.redis, keys, args, undo))
         except RedisError as exc:
             raise map_redis_error(exc, key, "acquire") from exc
 
@@ -1206,22 +1758,24 @@ class AsyncRedisBackend(_RedisLocks):
             raise map_redis_error(exc, key, "release") from exc
         return _RELEASE_CODES[code]
 
-    async def renew(self, leases: Sequence[RenewItem]) -> list[bool]:
+    async def renew(self, leases: Sequence[RenewItem]) -> list[bool | None]:
         if not leases:
             return []
+        chunks = self._renew_chunks(leases)
+        replies: list[Any] = [None] * len(chunks)
+        pending = list(range(len(chunks)))
         try:
-            pipe = self.redis.pipeline(transaction=False)
-            order = self._queue_renewals(pipe, leases)
-            replies: list[Any] = await pipe.execute(raise_on_error=False)
-            if any(isinstance(reply, NoScriptError) for reply in replies):
-                for script in self._renew_scripts():
-                    await self.redis.execute_command("SCRIPT", "LOAD", script.source)
+            for attempt in range(3):
+                commands = self._renew_round(chunks, pending, attempt)
                 pipe = self.redis.pipeline(transaction=False)
-                self._queue_renewals(pipe, leases)
-                replies = await pipe.execute(raise_on_error=False)
-            return self._renewed(replies, order)
+                for _, command in commands:
+                    pipe.execute_command(*command)
+                pending = self._renew_replies(commands, await pipe.execute(raise_on_error=False), replies)
+                if not pending:
+                    break
         except RedisError as exc:
             raise self._renew_error(exc, leases) from exc
+        return self._renewed(chunks, replies, len(leases))
 
     def notifier(self) -> AsyncRedisNotifier:
         if self._notifier is None:
@@ -1292,37 +1846,67 @@ class AsyncRedisNotifier:
         self._reader: asyncio.Task[None] | None = None
         self._closed = False
         self._unavailable_until = 0.0
+        self._tasks: set[asyncio.Task[Any]] = set()
 
     async def subscribe(self, key: str, timeout: float, waiter: str | None = None) -> _AsyncSubscription:
         sub = _AsyncSubscription(self._channel_for(key, waiter or self.waiter_id).encode())
         now = time.monotonic()
         if self._closed or now < self._unavailable_until:
             return sub
-        async with self._send_lock:
-            if self._table.join(sub, now):
+        # Registering and sending SUBSCRIBE run in a task of their own: a waiter cancelled
+        # meanwhile stops waiting, but what was sent and what the table expects stay in step
+        # (else the channel would stay "subscribing" for every later waiter on the key).
+        joined = asyncio.get_running_loop().create_task(self._join(sub, now))
+        self._tasks.add(joined)
+        joined.add_done_callback(self._tasks.discard)
+        try:
+            await asyncio.shield(joined)
+            if not self._table.subscribed(sub.channel):
                 try:
-                    await self._send("SUBSCRIBE", sub.channel)
-                except RedisError as exc:
-                    log.warning("cannot subscribe to %r, waiting by polling: %s", sub.channel, exc)
-                    # Nothing will answer that SUBSCRIBE: forget the subscriber connection's
-                    # channels, as when the reader loses it, or this one waits for it forever.
-                    for other in self._table.reset():
-                        if other is not sub:
-                            other.wake()
-                    return sub
-        if not self._table.subscribed(sub.channel):
-            try:
-                async with self._changed:
-                    await asyncio.wait_for(
-                        self._changed.wait_for(
-                            lambda: self._table.subscribed(sub.channel) or self._closed or self._pubsub is None
-                        ),
-                        timeout,
-                    )
-            except asyncio.TimeoutError:
-                pass
+                    async with self._changed:
+                        await asyncio.wait_for(
+                            self._changed.wait_for(
+                                lambda: self._table.subscribed(sub.channel) or self._closed or self._pubsub is None
+                            ),
+                            timeout,
+                        )
+                except asyncio.TimeoutError:
+                    pass
+        except BaseException:
+            # The caller never gets the subscription to leave with: leave for it, once joined.
+            if joined.done():
+                self._table.leave(sub, time.monotonic())
+            else:
+                joined.add_done_callback(lambda _: self._table.leave(sub, time.monotonic()))
+            raise
         sub.active = self._table.subscribed(sub.channel)
         return sub
+
+    async def _join(self, sub: _AsyncSubscription, now: float) -> None:
+        async with self._send_lock:
+            if not self._table.join(sub, now):
+                return
+            try:
+                await self._send("SUBSCRIBE", sub.channel)
+            except RedisError as exc:
+                log.warning("cannot subscribe to %r, waiting by polling: %s", sub.channel, exc)
+                # Nothing will answer that SUBSCRIBE: forget the subscriber connection's
+                # channels, as when the reader loses it, or this one waits for it forever.
+                await self._forget_connection(sub)
+            except BaseException:
+                # Cancelled (the loop shutting down): whether SUBSCRIBE went out is unknown.
+                await self._forget_connection(sub)
+                raise
+
+    async def _forget_connection(self, sub: _AsyncSubscription) -> None:
+        for other in self._table.reset():
+            if other is not sub:
+                other.wake()
+        self._reader = None  # the reader of the old connection stops (see _read)
+        pubsub, self._pubsub = self._pubsub, None
+        if pubsub is not None:
+            with contextlib.suppress(Exception):
+                await pubsub.aclose()
 
     def listening(self, key: str) -> bool:
         """See :meth:`RedisNotifier.listening`."""
@@ -1335,6 +1919,8 @@ class AsyncRedisNotifier:
         self._closed = True
         for waiter in self._table.reset():
             waiter.wake()
+        for task in list(self._tasks):
+            task.cancel()
         reader, self._reader = self._reader, None
         if reader is not None:
             reader.cancel()
@@ -1357,10 +1943,11 @@ class AsyncRedisNotifier:
             self._reader = asyncio.get_running_loop().create_task(self._read(), name="lockaspect-notifier")
 
     async def _read(self) -> None:
+        me = asyncio.current_task()
         while not self._closed:
             pubsub = self._pubsub
-            if pubsub is None:
-                return
+            if pubsub is None or self._reader is not me:
+                return  # the connection was replaced (see _forget_connection)
             async with self._send_lock:
                 for name in self._table.idle(time.monotonic()):
                     try:
@@ -1389,17 +1976,18 @@ class AsyncRedisNotifier:
                 self._changed.notify_all()
 
     async def _connection_lost(self, pubsub: Any, exc: BaseException) -> None:
-        if isinstance(exc, ResponseError):
-            self._unavailable_until = time.monotonic() + UNAVAILABLE_FOR
-            log.warning("the server refuses pub/sub, waiters poll instead for %gs: %s", UNAVAILABLE_FOR, exc)
-        else:
-            log.warning("release notifications interrupted, waiters fall back to polling: %s", exc)
-        for waiter in self._table.reset():
-            waiter.wake()
         if self._pubsub is pubsub:
+            if isinstance(exc, ResponseError):
+                self._unavailable_until = time.monotonic() + UNAVAILABLE_FOR
+                log.warning("the server refuses pub/sub, waiters poll instead for %gs: %s", UNAVAILABLE_FOR, exc)
+            else:
+                log.warning("release notifications interrupted, waiters fall back to polling: %s", exc)
+            for waiter in self._table.reset():
+                waiter.wake()
             self._pubsub = None
-        self._reader = None
-        async with self._changed:
-            self._changed.notify_all()
+            if self._reader is asyncio.current_task():
+                self._reader = None
+            async with self._changed:
+                self._changed.notify_all()
         with contextlib.suppress(Exception):
             await pubsub.aclose()

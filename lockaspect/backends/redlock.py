@@ -8,6 +8,29 @@ as renewed when a majority renewed it. Waiters poll with random, PTTL-bounded de
 nodes' release messages are not used: a message from one node says nothing about the
 others).
 
+The validity time, not the lease, is how long the holder may trust the lock, so acquire
+and renew report it, in seconds counted from when the request was sent. The caller reads its
+clock before calling; the backend measures the elapsed time from its own, later, clock read
+before the first request to after the last reply. The validity left once the replies are in
+is ``lease - elapsed - drift`` (Redis's description): an attempt is a success only while it
+is positive. Counted from the send, that is ``lease - drift``: every node started its lease
+after the caller's clock read, so ``sent + lease - drift`` ends before the lease does on any
+node that granted it, by at least the drift allowance. The contract:
+
+* :meth:`RedlockBackend.acquire`: when acquired, :attr:`AcquireResult.valid_for` is
+  ``lease - drift`` (an attempt whose round trips left no validity is not an acquisition).
+* :meth:`RedlockBackend.renew`: one status per item, ``float | bool | None``:
+
+  - a ``float`` (> 0): renewed by a majority, valid for that many seconds from when the
+    renewal was sent (the item's lease - drift);
+  - ``False``: not ours: so many nodes said so that no majority can renew it;
+  - ``None``: not decided, retry: too few nodes answered for this item, or a majority
+    renewed it but the round trips left no validity.
+
+  The call raises :class:`~lockaspect.BackendError` when fewer than a majority of nodes
+  answered at all. (Single-server backends answer ``True`` for renewed, meaning the whole
+  lease asked for.)
+
 What it does not guarantee, and why fencing is still needed, is in docs/concepts/redlock.md.
 Each node is a :class:`~lockaspect.backends.redis.RedisBackend` running the same Lua
 scripts as a single-server lock; the lock family beyond the plain lock (fair, semaphore,
@@ -44,8 +67,16 @@ class _Quorum:
         self.size = size
         self.quorum = size // 2 + 1
 
+    @staticmethod
+    def drift(lease: float) -> float:
+        """The clock-drift allowance for a lease of ``lease`` seconds."""
+        return float(lease * DRIFT_FACTOR + DRIFT_MIN)
+
     def validity(self, lease: float, elapsed: float) -> float:
-        return lease - elapsed - (lease * DRIFT_FACTOR + DRIFT_MIN)
+        """How long a lease of ``lease`` seconds may still be trusted once round trips that
+        took ``elapsed`` seconds are answered: the lease minus the elapsed time minus the
+        clock-drift allowance (the validity time of Redis's description)."""
+        return float(lease - elapsed - self.drift(lease))
 
     def acquired(
         self, key: str, lease: float, elapsed: float, replies: Sequence[AcquireResult | BaseException]
@@ -54,10 +85,11 @@ class _Quorum:
         granted = [r for r in replies if isinstance(r, AcquireResult) and r.acquired]
         reachable = sum(1 for r in replies if isinstance(r, AcquireResult))
         if len(granted) >= self.quorum and self.validity(lease, elapsed) > 0:
+            valid_for = lease - self.drift(lease)  # counted from the send (module docstring)
             # Each node counts its own fencing tokens: the largest of a majority. Two
             # majorities share a node whose counter grew, but this is not a strict order (see
             # docs/concepts/redlock.md).
-            return AcquireResult(True, max(r.fencing_token for r in granted), 1)
+            return AcquireResult(True, max(r.fencing_token for r in granted), 1, valid_for=valid_for)
         if reachable < self.quorum:
             raise BackendError(
                 f"RedLock on {key!r}: only {reachable} of {self.size} nodes answered, {self.quorum} are needed",
@@ -81,14 +113,33 @@ class _Quorum:
             return AcquireResult(True, 0, max(r.holds for r in granted))
         return AcquireResult(False)
 
-    def renewed(self, count: int, replies: Sequence[list[bool] | BaseException]) -> list[bool]:
-        answers = [r for r in replies if isinstance(r, list)]
+    def renewed(
+        self,
+        leases: Sequence[RenewItem],
+        elapsed: float,
+        replies: Sequence[Sequence[bool | None] | BaseException],
+    ) -> list[float | bool | None]:
+        """The outcome of one renewal round trip, per item (see the module docstring): each
+        node answers one ``bool | None`` per item (``None``: that item failed on that node)
+        or failed as a whole (``BaseException``)."""
+        answers = [r for r in replies if not isinstance(r, BaseException)]
         if len(answers) < self.quorum:
             failed = next((r for r in replies if isinstance(r, BaseException)), None)
             raise BackendError(
                 f"RedLock renewal: only {len(answers)} of {self.size} nodes answered ({failed})", key=None
             )
-        return [sum(1 for answer in answers if answer[i]) >= self.quorum for i in range(count)]
+        statuses: list[float | bool | None] = []
+        for i, item in enumerate(leases):
+            granted = sum(1 for answer in answers if answer[i])
+            refused = sum(1 for answer in answers if answer[i] is not None and not answer[i])
+            if granted >= self.quorum:
+                lease = item[2]
+                statuses.append(lease - self.drift(lease) if self.validity(lease, elapsed) > 0 else None)
+            elif refused > self.size - self.quorum:
+                statuses.append(False)  # even the nodes yet to answer cannot make a majority
+            else:
+                statuses.append(None)
+        return statuses
 
     @staticmethod
     def single_server(what: str) -> ConfigurationError:
@@ -169,10 +220,13 @@ class RedlockBackend(_Quorum):
                     self._each([lambda node=node: node.release(key, token)])
         return result
 
-    def renew(self, leases: Sequence[RenewItem]) -> list[bool]:
+    def renew(self, leases: Sequence[RenewItem]) -> list[float | bool | None]:
+        """Renew on every node; one ``float | bool | None`` per item (module docstring)."""
         if not leases:
             return []
-        return self.renewed(len(leases), self._each(lambda node=node: node.renew(leases) for node in self.nodes))
+        start = time.monotonic()
+        replies = self._each(lambda node=node: node.renew(leases) for node in self.nodes)
+        return self.renewed(leases, time.monotonic() - start, replies)
 
     def unqueue(self, key: str, waiter: str, kind: str = "lock") -> None:
         """Nothing to do: RedLock waiters never queue."""
@@ -273,10 +327,13 @@ class AsyncRedlockBackend(_Quorum):
             await self._each(lambda node=node: node.release(key, token) for node in granted)
         return result
 
-    async def renew(self, leases: Sequence[RenewItem]) -> list[bool]:
+    async def renew(self, leases: Sequence[RenewItem]) -> list[float | bool | None]:
+        """Renew on every node; one ``float | bool | None`` per item (module docstring)."""
         if not leases:
             return []
-        return self.renewed(len(leases), await self._each(lambda node=node: node.renew(leases) for node in self.nodes))
+        start = time.monotonic()
+        replies = await self._each(lambda node=node: node.renew(leases) for node in self.nodes)
+        return self.renewed(leases, time.monotonic() - start, replies)
 
     async def unqueue(self, key: str, waiter: str, kind: str = "lock") -> None:
         """Nothing to do: RedLock waiters never queue."""

@@ -131,8 +131,9 @@ class TestAcquire:
         assert second.fencing_token > first.fencing_token
         assert second.fencing_token == first.fencing_token + 1
 
-    def test_reentry_adds_a_hold_and_keeps_fence_and_lease(self, backend: RedisBackend, server_raw: Any) -> None:
-        """Re-entry with the owner's token adds a hold, issues no new fence and leaves the TTL alone."""
+    def test_reentry_checks_the_owner_and_changes_nothing(self, backend: RedisBackend, server_raw: Any) -> None:
+        """Re-entry with the owner's token says it still holds the lock and writes nothing: no hold (the client
+        counts re-entries), no new fence, the TTL left alone."""
         owner = token()
         lock = backend.lock_key("order:3")
         fence = backend.acquire("order:3", owner, LONG).fencing_token
@@ -140,10 +141,9 @@ class TestAcquire:
 
         again = backend.reenter("order:3", owner)
         assert again.acquired
-        assert again.holds == 2
-        assert backend.reenter("order:3", owner).holds == 3
+        assert backend.reenter("order:3", owner).acquired
 
-        assert server_raw.hget(lock, owner) == b"3"
+        assert server_raw.hget(lock, owner) == b"1"
         assert server_raw.hget(lock, "fence") == str(fence).encode()
         assert server_raw.get(backend.fence_key("order:3")) == str(fence).encode()
         assert 0 < server_raw.pttl(lock) <= 5_000
@@ -242,12 +242,11 @@ class TestDroppedConnections:
 
 class TestRelease:
     def test_release_codes(self, backend: RedisBackend, server_raw: Any) -> None:
-        """Release answers STILL_HELD while holds remain, RELEASED at zero, NOT_OWNER after."""
+        """Release answers RELEASED (also after re-entry checks: the store keeps one hold per owner), NOT_OWNER
+        after."""
         owner = token()
         fence = backend.acquire("order:10", owner, LONG).fencing_token
         backend.reenter("order:10", owner)
-        assert backend.release("order:10", owner) is ReleaseResult.STILL_HELD
-        assert server_raw.hget(backend.lock_key("order:10"), owner) == b"1"
         assert backend.release("order:10", owner) is ReleaseResult.RELEASED
         assert not server_raw.exists(backend.lock_key("order:10"))
         assert server_raw.get(backend.fence_key("order:10")) == str(fence).encode()
@@ -279,10 +278,9 @@ class TestRelease:
             backend.acquire("order:12", owner, LONG)
             assert not backend.acquire("order:12", token(), LONG, waiter="first").acquired
             assert not backend.acquire("order:12", token(), LONG, waiter="second").acquired
-            backend.reenter("order:12", owner)
-            assert backend.release("order:12", owner) is ReleaseResult.STILL_HELD
+            backend.reenter("order:12", owner)  # a check: it publishes nothing
             assert server_raw.lrange(backend.queue_key("order:12"), 0, -1) == [b"first", b"second"]
-            # Messages on one connection arrive in publish order: had the partial release
+            # Messages on one connection arrive in publish order: had the re-entry check
             # published, its message would come before this marker.
             server_raw.publish(first, "marker")
             assert backend.release("order:12", owner) is ReleaseResult.RELEASED

@@ -170,7 +170,7 @@ class TestThreadPoolExecutor:
         lease, (inner_lease, during, inner_ident), outer_ident = outer(5)
         assert inner_ident == outer_ident != threading.get_ident()
         assert inner_lease is lease
-        assert during == {lease.token.encode(): b"2", b"fence": str(lease.fencing_token).encode()}
+        assert during == {lease.token.encode(): b"1", b"fence": str(lease.fencing_token).encode()}
         assert plain.stats().reentered == 1
         assert raw.exists(lock_key) == 0
 
@@ -193,7 +193,7 @@ class TestThreadPoolExecutor:
         assert inner_thread.startswith("inner")
         assert inner_lease is lease
         assert inner_lease.fencing_token == lease.fencing_token
-        assert during == {lease.token.encode(): b"2", b"fence": str(lease.fencing_token).encode()}
+        assert during == {lease.token.encode(): b"1", b"fence": str(lease.fencing_token).encode()}
         assert raw.exists(lock_key) == 0
 
     def test_clients_default_executor_is_used_when_the_decorator_sets_none(

@@ -1,13 +1,17 @@
 -- acquire.lua: take a fenced lock, or report how long the holder keeps it (and queue the
 -- waiter for a wake-up). One script for the lock and the fair lock (ARGV[4] == "fair").
 --
--- KEYS[1]  the lock: a hash {<owner token> = hold count, "fence" = fencing token}
+-- KEYS[1]  the lock: a hash {<owner field> = hold count, "fence" = fencing token}, where the
+--          owner field is the owner token as it is, except that "fence" and tokens starting
+--          with "#" are stored with a "#" in front (lib.lua's owner_field): no token's field is
+--          "fence". A value of another type there (not written by lockaspect) is another
+--          owner's: busy, as long as its TTL
 -- KEYS[2]  the lock's fence counter (never expires: fencing tokens must keep growing)
 -- KEYS[3]  the waiter queue, a list of waiter ids: for the lock ":waiters", woken one per
 --          release and popped by it; for the fair lock ":fair", in arrival order, where the
 --          lock goes only to the first (release.lua)
 -- KEYS[4]  fair lock only (":fair:seen"): hash {waiter id = server ms of its last attempt}
--- ARGV[1]  owner token (32 hex characters, never equal to "fence")
+-- ARGV[1]  owner token (any string)
 -- ARGV[2]  lease in milliseconds
 -- ARGV[3]  optional waiter id ("" for none): if busy, queue it (once); if acquired, take it
 --          off the queue
@@ -27,48 +31,71 @@
 --          -(ms + 1)    busy: ms is the holder's remaining lease (fair lock, free but
 --                       promised to the first waiter: ARGV[5], how long that one may take)
 --          0            busy, and the lock has no expiry (set by hand: never by us)
+-- Everything is read before the first write (lib.lua): a failing command leaves nothing.
 -- include: lib.lua
 local fair = ARGV[4] == 'fair'
 local waiter = ARGV[3]
 if waiter == '' then
   waiter = nil
 end
-local now, first
+local owner = owner_field(ARGV[1])
+local now, first, queue
+local gone = 0 -- fair lock: the first `gone` waiters of the queue left it (not seen lately)
 if fair then
   now = server_ms()
-  first = redis.call('LINDEX', KEYS[3], 0)
   -- at most 64 per call (a mass crash leaves many): later attempts drop the rest
-  for _ = 1, 64 do
-    if not first then
+  queue = redis.call('LRANGE', KEYS[3], 0, 64)
+  -- read even when the queue is empty: the hash is written below
+  local seen = redis.call('HMGET', KEYS[4], waiter or '', unpack(queue))
+  for i = 1, math.min(#queue, 64) do
+    local at = tonumber(seen[i + 1])
+    if at and now - at <= tonumber(ARGV[5]) then
       break
     end
-    local seen = tonumber(redis.call('HGET', KEYS[4], first))
-    if seen and now - seen <= tonumber(ARGV[5]) then
-      break
-    end
-    redis.call('LPOP', KEYS[3])
-    redis.call('HDEL', KEYS[4], first)
-    first = redis.call('LINDEX', KEYS[3], 0)
+    gone = i
   end
+  first = queue[gone + 1]
 end
 local pttl = redis.call('PTTL', KEYS[1])
-if pttl == -2 and not (first and first ~= waiter) then
-  local fence = next_fence(KEYS[2])
-  redis.call('HSET', KEYS[1], ARGV[1], 1, 'fence', fence)
+local takes = pttl == -2 and not (first and first ~= waiter)
+local seed, queued
+if takes then
+  seed = fence_read(KEYS[2])
+end
+if waiter and not fair then
+  queued = redis.call('LPOS', KEYS[3], waiter)
+end
+local fence
+if pttl ~= -2 and read('HEXISTS', KEYS[1], owner) == 1 then
+  fence = tonumber(redis.call('HGET', KEYS[1], 'fence'))
+end
+-- writes from here on
+if gone > 0 then
+  redis.call('LTRIM', KEYS[3], gone, -1)
+  hdel_all(KEYS[4], {unpack(queue, 1, gone)})
+end
+if takes then
+  fence = fence_write(KEYS[2], seed)
+  redis.call('HSET', KEYS[1], owner, 1, 'fence', fence)
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   if waiter then
-    redis.call('LREM', KEYS[3], 0, waiter)
     if fair then
+      redis.call('LREM', KEYS[3], 0, waiter)
       redis.call('HDEL', KEYS[4], waiter)
+    elseif queued then
+      redis.call('LREM', KEYS[3], 0, waiter)
     end
   end
   return fence
 end
-if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
-  return tonumber(redis.call('HGET', KEYS[1], 'fence'))
+if fence then
+  return fence
 end
 if waiter then
-  if not redis.call('LPOS', KEYS[3], waiter) then
+  if fair then
+    queued = redis.call('LPOS', KEYS[3], waiter)
+  end
+  if not queued then
     if ARGV[4] == 'front' then
       redis.call('LPUSH', KEYS[3], waiter)
     else

@@ -1,7 +1,8 @@
 -- sem_acquire.lua: take one permit of a semaphore whose permits expire with their lease, or
 -- report how long until the first one expires (and queue the waiter for a wake-up).
 --
--- KEYS[1]  the holders: a sorted set {<owner token> = server ms when its permit expires}
+-- KEYS[1]  the holders: a sorted set {<owner token> = server ms when its permit expires}. A
+--          value of another type there (not written by lockaspect) holds every permit: busy
 -- KEYS[2]  the number of permits (a string; it never expires, set_permits changes it)
 -- KEYS[3]  the fence counter (see acquire.lua; shared with a lock of the same name)
 -- KEYS[4]  the waiter queue (as the lock's ":waiters", see acquire.lua and release.lua)
@@ -13,48 +14,67 @@
 -- ARGV[5]  "front" to queue at the head (a woken waiter that lost the permit), else "back"
 --
 -- returns  {1, fence}   acquired; a repeated request with the same token gets the same fence
---          {0, ms}      no permit free: ms until the first permit expires (at least 1)
+--          {0, ms}      no permit free: ms until the first permit expires (at least 1); -1
+--                       when none will: a value of another type without expiry holds the
+--                       key, or the semaphore has no permits
 --          {-1, n}      the semaphore has n permits, not ARGV[3]: nothing changed
 -- Expired permits are dropped first: a dead holder's permit comes back when its lease ends.
+-- Everything is read before the first write (lib.lua): a failing command leaves nothing.
 -- include: lib.lua
 local now = server_ms()
-local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)
-if #expired > 0 then
-  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-  hdel_all(KEYS[5], expired)
+local expired, foreign = read('ZRANGEBYSCORE', KEYS[1], '-inf', now)
+if foreign then
+  local pttl = redis.call('PTTL', KEYS[1])
+  return {0, pttl < 0 and -1 or math.max(1, pttl)}
 end
 local wanted = tonumber(ARGV[3])
 local permits = tonumber(redis.call('GET', KEYS[2]))
-if not permits then
-  redis.call('SET', KEYS[2], wanted)
-  permits = wanted
-elseif permits ~= wanted then
+if permits and permits ~= wanted then
   return {-1, permits}
 end
 local own = redis.call('HGET', KEYS[5], ARGV[1])
-if own and redis.call('ZSCORE', KEYS[1], ARGV[1]) then
-  return {1, tonumber(own)}
-end
+local expires = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]))
 local waiter = ARGV[4]
 if waiter == '' then
   waiter = nil
 end
-if redis.call('ZCARD', KEYS[1]) < permits then
-  local fence = next_fence(KEYS[3])
-  redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+local queued = waiter and redis.call('LPOS', KEYS[4], waiter)
+local seed, last, first
+local takes = not (own and expires and expires > now)
+  and redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf') < (permits or wanted)
+if takes then
+  seed = fence_read(KEYS[3])
+  last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+elseif not (own and expires and expires > now) then
+  first = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+end
+-- writes from here on
+if not permits then
+  redis.call('SET', KEYS[2], wanted)
+end
+if #expired > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+  hdel_all(KEYS[5], expired)
+end
+if own and expires and expires > now then
+  return {1, tonumber(own)}
+end
+if takes then
+  local fence = fence_write(KEYS[3], seed)
+  local ends = now + tonumber(ARGV[2])
+  redis.call('ZADD', KEYS[1], ends, ARGV[1])
   redis.call('HSET', KEYS[5], ARGV[1], fence)
   -- the holders' keys live as long as their longest permit
-  local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
-  local ttl = math.max(1, tonumber(last[2]) - now)
+  local ttl = math.max(1, math.max(ends, tonumber(last[2]) or 0) - now)
   redis.call('PEXPIRE', KEYS[1], ttl)
   redis.call('PEXPIRE', KEYS[5], ttl)
-  if waiter then
+  if queued then
     redis.call('LREM', KEYS[4], 0, waiter)
   end
   return {1, fence}
 end
 if waiter then
-  if not redis.call('LPOS', KEYS[4], waiter) then
+  if not queued then
     if ARGV[5] == 'front' then
       redis.call('LPUSH', KEYS[4], waiter)
     else
@@ -63,5 +83,7 @@ if waiter then
   end
   redis.call('PEXPIRE', KEYS[4], 60000)
 end
-local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+if not first[2] then
+  return {0, -1} -- no permit at all (set_permits(0)): nothing to wait for
+end
 return {0, math.max(1, tonumber(first[2]) - now)}

@@ -10,12 +10,24 @@
 --
 -- returns  the number of queue entries removed (0 or 1). When the last waiting writer of a
 --          read-write lock leaves while no writer holds it, the readers it kept out are woken.
+-- Everything is read before the first write (lib.lua): a failing command leaves nothing.
 -- include: lib.lua
+local last = false
+if KEYS[2] then
+  if ARGV[2] == 'zset' then
+    last = redis.call('ZSCORE', KEYS[2], ARGV[1]) ~= false and redis.call('ZCARD', KEYS[2]) == 1
+      and redis.call('EXISTS', KEYS[3]) == 0
+  else
+    redis.call('HEXISTS', KEYS[2], ARGV[1]) -- read before the HDEL below: fails on another type
+  end
+end
+-- writes from here on: the LREM first (it fails, if the queue holds another type, before
+-- anything else is written)
 local removed = redis.call('LREM', KEYS[1], 0, ARGV[1])
 if KEYS[2] then
   if ARGV[2] == 'zset' then
-    if redis.call('ZREM', KEYS[2], ARGV[1]) == 1 and redis.call('ZCARD', KEYS[2]) == 0
-        and redis.call('EXISTS', KEYS[3]) == 0 then
+    redis.call('ZREM', KEYS[2], ARGV[1])
+    if last then
       wake(KEYS[1], ARGV[3], 16, false)
     end
   else

@@ -1,0 +1,8 @@
+"""The safety regression tests share the fault helpers next to them (``faults.py``)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
