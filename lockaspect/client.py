@@ -1452,9 +1452,10 @@ class LockClient:
         lease = None if record.lease_ref is None else record.lease_ref()
         if lease is None:
             return True
-        if lease._refs:
-            return False
-        since = record.releasing_since
+        with self._count_lock:  # the owner gives its last hold back and claims the release at once
+            if lease._refs:
+                return False
+            since = record.releasing_since
         return since is None or self._clock() - since > record.lease_time
 
     def _release_vanished(self, record: Renewal) -> None:

@@ -113,55 +113,61 @@ class TestReentryRacingTheOuterExit:
 
 
 class TestReentryThatTimesOut:
+    """The re-entry runs in the store, but its reply is held up in the network past the socket
+    timeout: the caller gets BackendError, and must leave no hold behind."""
+
     def test_a_timed_out_re_entry_leaves_no_hold_behind(
-        self, make_client: Callable[..., LockClient], fresh_server: LockServer, raw: Any
+        self, proxy: FaultProxy, make_client: Callable[..., LockClient]
     ) -> None:
-        client = make_client(url=fresh_server.url, socket_timeout=0.5)
-        other = make_client(url=fresh_server.url)
+        client = make_client(url=proxy.url, socket_timeout=0.5)
+        other = make_client()
         errors: list[BaseException] = []
 
         def reenter() -> None:
             try:
                 with client.lock("slow"):
-                    raise AssertionError("the re-entry cannot succeed while the server sleeps")
+                    raise AssertionError("the re-entry cannot succeed: its reply is held up")
             except BackendError as exc:
                 errors.append(exc)
 
         with client.lock("slow"):
+            with client.lock("slow"):  # a first re-entry: its script is loaded
+                pass
             context = contextvars.copy_context()
-            fresh_server.pause()  # SIGSTOP: the re-entry's request waits in the server's socket
+            proxy.hold(DOWN)  # the re-entry reaches the store; its reply does not come back in time
             try:
                 thread = threading.Thread(target=context.run, args=(reenter,))
                 thread.start()
                 thread.join(30)
             finally:
-                fresh_server.resume()  # the re-entry runs now, after its caller gave up
+                proxy.release()
         assert len(errors) == 1
         # The outer block's release took the lock back: nothing of the re-entry is left.
         with other.lock("slow"):
             pass
         assert client.stats().held == 0
 
-    def test_a_cancelled_async_re_entry_leaves_no_hold_behind(
-        self, make_client: Callable[..., LockClient], fresh_server: LockServer
+    def test_a_timed_out_async_re_entry_leaves_no_hold_behind(
+        self, proxy: FaultProxy, make_client: Callable[..., LockClient]
     ) -> None:
-        client = make_client(url=fresh_server.url, socket_timeout=0.5)
-        other = make_client(url=fresh_server.url)
+        client = make_client(url=proxy.url, socket_timeout=0.5)
+        other = make_client()
 
         async def main() -> None:
             async with client.lock("slow"):
-                assert current_lease() is not None
+                async with client.lock("slow"):  # a first re-entry: its script is loaded
+                    assert current_lease() is not None
 
                 async def reenter() -> None:
                     async with client.lock("slow"):
                         raise AssertionError("unreachable")
 
-                fresh_server.pause()
+                proxy.hold(DOWN)
                 try:
                     with pytest.raises(BackendError):
                         await asyncio.create_task(reenter())
                 finally:
-                    fresh_server.resume()
+                    proxy.release()
 
         asyncio.run(main())
         with other.lock("slow"):
