@@ -33,9 +33,11 @@ POLL_FLOOR: Final = 0.005
 POLL_CAP: Final = 2.0
 
 #: A fair lock's queued waiter that made no attempt for this long counts as gone (its process
-#: died, or it hangs) and leaves the queue, so it holds up the waiters behind it at most this
-#: long. Live waiters attempt at least every NOTIFY_RECHECK (notified) or POLL_CAP (polling),
-#: plus a round trip bounded by the socket timeout: well within it.
+#: died, or it hangs) and leaves the queue. It holds up the waiters behind it this long, plus
+#: until the next of them makes an attempt that notices (up to NOTIFY_RECHECK for a notified
+#: waiter, POLL_CAP for a polling one): about 5-6 s, or 7 s. Live waiters attempt at least
+#: every NOTIFY_RECHECK (notified) or POLL_CAP (polling), plus a round trip bounded by the
+#: socket timeout: well within it.
 FAIR_GONE_AFTER: Final = 5.0
 
 #: A fair lock's waiter that nobody receives a wake-up for keeps its place for this long

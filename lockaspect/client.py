@@ -755,8 +755,9 @@ class LockClient:
         place in the key's queue on its first attempt, and a free lock goes only to the
         first in line (a newcomer does not barge in while others wait). A waiter whose
         process died, or that hangs, leaves the queue once it made no attempt for
-        ``FAIR_GONE_AFTER`` (5 s), so it holds up those behind it that long at most; one
-        that gives up (``wait`` runs out, cancelled) leaves at once.
+        ``FAIR_GONE_AFTER`` (5 s), so it holds up those behind it about that long (until the
+        next of them notices: about 5-6 s); one that gives up (``wait`` runs out,
+        cancelled) leaves at once.
 
         ``wait=0`` tries once and never queues: it fails while others wait, even if the
         lock is free. Fair and non-fair calls on one key exclude each other, but only fair
@@ -1004,7 +1005,7 @@ class LockClient:
                 self._leave_queue(key, waiter, spec)
             raise
         if not result.acquired:
-            result, sent = self._wait(key, token, plan.lease_time, spec, sent, result, waiter, below, failure)
+            result, sent, token = self._wait(key, token, plan.lease_time, spec, sent, result, waiter, below, failure)
         return self._take(key, token, result, spec, plan, sent)
 
     def _take(self, key: str, token: str, result: AcquireResult, spec: LockSpec, plan: _Plan, sent: float) -> _Hold:
@@ -1110,6 +1111,7 @@ class LockClient:
                         raise
                     failure = exc
                     result = MultiAcquireResult(False, busy=watched or keys[0])
+                    token = _token()  # see _wait_turn: the failed attempt may still arrive
                 tries += 1
                 if result.acquired:
                     waiter = None  # the script took us off every queue
@@ -1525,12 +1527,13 @@ class LockClient:
         waiter: str | None = None,
         below: str = "",
         failure: BackendError | None = None,
-    ) -> tuple[AcquireResult, float]:
+    ) -> tuple[AcquireResult, float, str]:
         """Wait for a busy lock: queue behind this process's other waiters for ``key``, then
         retry on each release message (or by bounded polling) until the deadline. ``waiter``:
         the id under which the failed attempt queued (the process's, or the waiter's own for
         kinds whose waiters keep their own places and do not coalesce); ``below``: see
-        :meth:`_below`; ``failure``: the first attempt failed transiently (retried)."""
+        :meth:`_below`; ``failure``: the first attempt failed transiently (retried). Returns the
+        result, when its request was sent, and the owner token it holds the lock under."""
         deadline = _policy.wait_deadline(start, spec.wait)
         turn = False
         try:
@@ -1602,10 +1605,16 @@ class LockClient:
         queued: str | None,
         below: str = "",
         failure: BackendError | None = None,
-    ) -> tuple[AcquireResult, float]:
+    ) -> tuple[AcquireResult, float, str]:
         """Retry until acquired or the deadline. ``slot``: this process's turn for ``key``
         (``None`` for a waiter with a place of its own); ``queued``: the id under which the
-        failed attempt queued, if it did; ``failure``: the last attempt failed transiently."""
+        failed attempt queued, if it did; ``failure``: the last attempt failed transiently.
+
+        After a failed attempt the next one uses a fresh owner token: the failed attempt (and
+        the release written behind it) may still arrive, after a retry that acquired the
+        lock, and must not release the retry's lock."""
+        if failure is not None:
+            token = _token()
         clock = self._clock
         own = spec.kind in _OWN_PLACE
         notifier = self.backend.notifier() if self._notify and spec.wait_strategy == "notify" else None
@@ -1659,13 +1668,13 @@ class LockClient:
                     if not exc.transient:
                         raise
                     log.debug("%r: attempt failed, retrying while the wait lasts: %s", key, exc)
-                    failure, result = exc, AcquireResult(False)
+                    failure, result, token = exc, AcquireResult(False), _token()
                     continue
                 failure = None
                 tries += 1
                 if result.acquired:
                     waiter = None  # the acquire script took us off the queue
-                    return result, sent
+                    return result, sent, token
         finally:
             if subscription is not None and notifier is not None:
                 notifier.unsubscribe(subscription)
@@ -1922,7 +1931,7 @@ class LockClient:
                 await self._aleave_queue(state, key, waiter, spec, _slot_key(key, spec) in state.slots)
             raise
         if not result.acquired:
-            result, sent = await self._await(
+            result, sent, token = await self._await(
                 state, key, token, plan.lease_time, spec, sent, result, waiter, below, failure
             )
         try:
@@ -1983,6 +1992,7 @@ class LockClient:
                         raise
                     failure = exc
                     result = MultiAcquireResult(False, busy=watched or keys[0])
+                    token = _token()  # see _wait_turn: the failed attempt may still arrive
                 tries += 1
                 if result.acquired:
                     waiter = None
@@ -2122,7 +2132,7 @@ class LockClient:
         waiter: str | None = None,
         below: str = "",
         failure: BackendError | None = None,
-    ) -> tuple[AcquireResult, float]:
+    ) -> tuple[AcquireResult, float, str]:
         """:meth:`_wait` for a task: queue behind this loop's other waiters for ``key``."""
         deadline = _policy.wait_deadline(start, spec.wait)
         slot_key = _slot_key(key, spec)
@@ -2197,8 +2207,10 @@ class LockClient:
         queued: str | None,
         below: str = "",
         failure: BackendError | None = None,
-    ) -> tuple[AcquireResult, float]:
-        """:meth:`_wait_turn` for a task."""
+    ) -> tuple[AcquireResult, float, str]:
+        """:meth:`_wait_turn` for a task (a fresh token after a failed attempt, see there)."""
+        if failure is not None:
+            token = _token()
         clock = self._clock
         own = spec.kind in _OWN_PLACE
         notifier = state.backend.notifier() if self._notify and spec.wait_strategy == "notify" else None
@@ -2250,13 +2262,13 @@ class LockClient:
                     if not exc.transient:
                         raise
                     log.debug("%r: attempt failed, retrying while the wait lasts: %s", key, exc)
-                    failure, result = exc, AcquireResult(False)
+                    failure, result, token = exc, AcquireResult(False), _token()
                     continue
                 failure = None
                 tries += 1
                 if result.acquired:
                     waiter = None  # the acquire script took us off the queue
-                    return result, sent
+                    return result, sent, token
         finally:
             if subscription is not None and notifier is not None:
                 notifier.unsubscribe(subscription)

@@ -16,11 +16,11 @@ a thread); the lock is released when the body finally finishes.
 from __future__ import annotations
 
 import contextvars
-import threading
 from collections.abc import Callable
 from concurrent.futures import Executor, Future, InvalidStateError, ProcessPoolExecutor
 from typing import Any, Final, Literal
 
+from ._wakeup import Wakeup
 from .lease import Lease
 
 __all__ = ["INLINE", "ExecutorOption", "Outcome", "check_executor", "run_body"]
@@ -130,7 +130,9 @@ def run_body(
             return Outcome(exception=exc)
     handoff = _Handoff(contextvars.copy_context(), fn, args, kwargs)
     future = handoff.future
-    done = threading.Event()
+    # A Wakeup, not a threading.Event: set from the timer thread when the lease is lost, it
+    # must not block on a lock an interrupted wait() of the caller's left held.
+    done = Wakeup()
     future.add_done_callback(lambda _: done.set())
     lease._add_lost_waiter(done.set)
     future.add_done_callback(lambda _: lease._remove_lost_waiter(done.set))

@@ -145,7 +145,11 @@ class Lease:
         record = self._record
         if record.lost_reason is not None:
             return True
-        return self._holds > 0 and record.clock() >= record.lost_at
+        if self._holds > 0 and record.clock() >= record.lost_at:
+            # Once anyone was told, it stays lost: a renewal confirmed late must not revive it.
+            record.seen_lost = True
+            return True
+        return False
 
     @property
     def held(self) -> bool:

@@ -97,6 +97,7 @@ class Renewal:
         "lost_reason",
         "releasing_since",
         "renewed_at",
+        "seen_lost",
         "state",
         "swept",
         "timeout",
@@ -133,6 +134,8 @@ class Renewal:
         self.releasing_since: float | None = None
         # Released by the watchdog's sweep: nobody held it any more.
         self.swept = False
+        # Someone read the lease as lost (its local deadline passed): it must stay lost.
+        self.seen_lost = False
         self.state = FINAL
         self.timeout: Timeout | None = None
         self.deadline: Timeout | None = None
@@ -399,7 +402,7 @@ class Watchdog:
         renewed for the lease asked, a float renewed for that many seconds (RedLock's
         validity), ``False`` not ours, ``None`` that item failed (retried)."""
         stats = self.stats
-        lost: list[Renewal] = []
+        lost: list[tuple[Renewal, str]] = []
         with self._lock:
             now = self._clock()
             for i, record in enumerate(records):
@@ -418,7 +421,12 @@ class Watchdog:
                         continue
                     record.state = CLOSED
                     self._cancel_timeouts(record)
-                    lost.append(record)
+                    lost.append((record, "not-owner"))
+                elif record.seen_lost:
+                    # Confirmed too late: the holder was already told the lease was lost.
+                    record.state = CLOSED
+                    self._cancel_timeouts(record)
+                    lost.append((record, record.time_reason()))
                 else:
                     # The store had the lease when the renewal arrived and extended it: the
                     # lease never lapsed there, however late this reply is read.
@@ -431,8 +439,8 @@ class Watchdog:
                         record.deadline.cancel()
                         record.deadline = None
                     self._arm_next(record)
-        for record in lost:
-            self._lost(record, "not-owner")
+        for record, reason in lost:
+            self._lost(record, reason)
 
     def _retry(self, record: Renewal, now: float) -> None:
         record.attempt += 1

@@ -178,8 +178,8 @@ class _Wire:
     * packing: each script's constant ``EVALSHA <sha> <numkeys>`` prefix is packed once;
     * the pool's checkout probe: ``ConnectionPool.get_connection`` checks every connection
       for stray data with a zero-timeout read (two ``ioctl`` and a ``recv``) and the pid
-      twice. Connections here are made by the pool (so client-side caching and metrics
-      apply) but kept in a LIFO list of our own. They are clean by construction (a reply is
+      twice. Connections here are made with the pool's connection class and settings,
+      outside the pool's own count, and kept in a LIFO list of our own. They are clean by construction (a reply is
       always read in full; any other failure disconnects the connection), so one ``poll``
       tells whether the server closed one; a forked child drops the list (see
       ``_after_fork``) instead of checking the pid per call.
@@ -445,7 +445,8 @@ class _Line:
 DRAIN_FOR = 30.0
 
 #: Connections of the pool's ``max_connections`` that lock commands leave to other uses
-#: (release notifications, the renewals' connection).
+#: (the release-notification subscriber, and anything else that goes through the pool; the
+#: renewals' connection is made apart from both).
 _POOL_RESERVE = 2
 
 

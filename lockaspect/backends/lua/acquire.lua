@@ -1,7 +1,8 @@
 -- acquire.lua: take a fenced lock, or report how long the holder keeps it (and queue the
 -- waiter for a wake-up). One script for the lock and the fair lock (ARGV[4] == "fair").
 --
--- KEYS[1]  the lock: a hash {<owner field> = hold count, "fence" = fencing token}, where the
+-- KEYS[1]  the lock: a hash {<owner field> = 1, "fence" = fencing token} (one hold per owner:
+--          re-entries are counted by the client), where the
 --          owner field is the owner token as it is, except that "fence" and tokens starting
 --          with "#" are stored with a "#" in front (lib.lua's owner_field): no token's field is
 --          "fence". A value of another type there (not written by lockaspect) is another
@@ -18,7 +19,7 @@
 -- ARGV[4]  optional mode: "front" queues at the head (a woken waiter that lost the lock to a
 --          barger), "back" at the tail, "fair" the fair lock: a free lock goes to the first
 --          queued waiter, or to anyone when nobody queues; a waiter not seen for ARGV[5] ms
---          counts as gone and leaves the queue (so a dead waiter blocks it that long at most)
+--          counts as gone and leaves the queue (so a dead waiter blocks it about that long)
 -- ARGV[5]  fair lock only: ms after its last attempt that a waiter counts as gone
 --
 -- returns  fence >= 1   acquired: fence is the INCR of KEYS[2], one hold is recorded.
