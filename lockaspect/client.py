@@ -1429,16 +1429,20 @@ class LockClient:
         """Give back the holds whose owner vanished without giving them back (watchdog
         thread), and recount the client's tables."""
         orphans = self._orphans
+        abandoned = False
         while orphans:
             ref = orphans.popleft()
             if ref not in ref.lease._refs:
                 continue
+            abandoned = True
             release_log.warning(
                 "a hold of %r was abandoned without being released (its block or call was unwound by "
                 "an exception raised asynchronously?); releasing it",
                 ref.lease.key,
             )
             self._give_back_to_store(ref, abandoned=True)
+        if not abandoned:
+            return
         with self._count_lock:
             leases = {lease for lease in self._leases if lease._refs}
             self._leases = leases
@@ -1454,6 +1458,8 @@ class LockClient:
         lease = None if record.lease_ref is None else record.lease_ref()
         if lease is None:
             return True
+        if lease._refs:
+            return False  # the usual case, read without the lock: holds only go away under it
         with self._count_lock:  # the owner gives its last hold back and claims the release at once
             if lease._refs:
                 return False
@@ -1769,6 +1775,8 @@ class LockClient:
         ref = hold.ref
         assert ref is not None
         self._give_back_to_store(ref)
+        # Given back: its weak reference may die with it (no callback, no sweep for nothing).
+        hold.ref = None
 
     def _release_when_done(self, hold: _Hold, outcome: Outcome) -> None:
         assert outcome.future is not None
@@ -2305,6 +2313,7 @@ class LockClient:
         ref = hold.ref
         assert ref is not None
         lease = self._give_back(ref)
+        hold.ref = None  # see _release
         if lease is not None:
             await self._arelease_store(lease, state)
 

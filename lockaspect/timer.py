@@ -51,7 +51,7 @@ class Timeout:
 
     def __init__(self, wheel: _Wheel, deadline: float, fn: Callable[[Any], object], arg: Any) -> None:
         self.deadline = deadline
-        self._fn = fn
+        self._fn: Callable[[Any], object] | None = fn
         self._arg = arg
         self._wheel = wheel
         self._rounds = 0
@@ -79,8 +79,9 @@ class Timeout:
     def run(self) -> None:
         """Call the callback (the wheel has already marked the timeout expired)."""
         fn, arg = self._fn, self._arg
-        self._fn = self._arg = None  # type: ignore[assignment]
-        fn(arg)
+        self._fn = self._arg = None
+        if fn is not None:
+            fn(arg)
 
     def __repr__(self) -> str:
         state = ("pending", "cancelled", "expired")[self._state]
@@ -119,6 +120,21 @@ class _Wheel:
         timeout = Timeout(self, deadline, fn, arg)
         self._pending.append(timeout)
         return timeout
+
+    def readd(self, timeout: Timeout, deadline: float, fn: Callable[[Any], object], arg: Any = None) -> bool:
+        """Schedule a timeout that already fired again (no new object: a process renewing
+        tens of thousands of leases would otherwise promote two objects per renewal to the
+        garbage collector's oldest generation, and pay for it in long full collections).
+        ``False`` (nothing done) unless it fired and its callback was taken."""
+        if timeout._state != _EXPIRED or timeout._fn is not None or timeout._bucket is not None:
+            return False
+        timeout.deadline = deadline
+        timeout._fn = fn
+        timeout._arg = arg
+        timeout._rounds = 0
+        timeout._state = _PENDING
+        self._pending.append(timeout)
+        return True
 
     def next_tick_at(self) -> float:
         """The instant at which the next tick's bucket becomes due."""
@@ -261,6 +277,19 @@ class HashedWheelTimer:
         if self._stopped:
             raise RuntimeError("timer is stopped")
         timeout = self._wheel.add(deadline, fn, arg)
+        if self._thread is None:
+            self._start()
+        elif self._idle:
+            self._wake.set()
+        return timeout
+
+    def reschedule(self, timeout: Timeout, deadline: float, fn: Callable[[Any], object], arg: Any = None) -> Timeout:
+        """:meth:`schedule`, reusing ``timeout`` when it has fired (else a new one). Call it
+        from one thread at a time per timeout: the one whose callback ran, or that owns it."""
+        if self._stopped:
+            raise RuntimeError("timer is stopped")
+        if not self._wheel.readd(timeout, deadline, fn, arg):
+            return self.schedule(deadline, fn, arg)
         if self._thread is None:
             self._start()
         elif self._idle:

@@ -57,6 +57,12 @@ log = logging.getLogger("lockaspect.watchdog")
 # Record states.
 ARMED, QUEUED, IN_FLIGHT, FINAL, CLOSED = range(5)
 
+#: Most leases renewed in one round trip; more that fall due go in the next, at once.
+BATCH: Final = 2048
+
+#: Renewal answers applied per hold of the watchdog's lock.
+APPLY_CHUNK: Final = 256
+
 #: Seconds allowed, on top of one timer tick, for the lost signal to reach the holder (the
 #: hook thread, a cancelled task) before the store's lease end: a lease counts as lost this
 #: much (plus a tick) before the client's estimate of that end.
@@ -98,6 +104,7 @@ class Renewal:
         "releasing_since",
         "renewed_at",
         "seen_lost",
+        "spare",
         "state",
         "swept",
         "timeout",
@@ -139,6 +146,8 @@ class Renewal:
         self.state = FINAL
         self.timeout: Timeout | None = None
         self.deadline: Timeout | None = None
+        # The renewal timeout that last fired, reused for the next one (see _Wheel.readd).
+        self.spare: Timeout | None = None
         self.attempt = 0
         self.lease_ref: weakref.ref[Lease] | None = None
 
@@ -220,6 +229,9 @@ class Watchdog:
         self._lock = threading.Lock()
         self._wake = Wakeup()
         self._due: list[Renewal] = []
+        # Bound once: a bound method made per schedule would be one more object per renewal.
+        self._renew_due_cb = self._renew_due
+        self._deadline_due_cb = self._deadline_due
         self._failing = False  # for logging the start and end of an outage once each
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -243,7 +255,7 @@ class Watchdog:
         """Watch a fixed lease: no renewal, only the lost signal at its deadline."""
         with self._lock:
             record.state = FINAL
-            record.deadline = self._schedule(record.lost_at, self._deadline_due, record)
+            self._ensure_deadline(record)
 
     def released(self, record: Renewal) -> None:
         """Stop renewing or watching ``record`` (its release was answered, or is not sent).
@@ -265,23 +277,38 @@ class Watchdog:
 
     # -- called with self._lock held --------------------------------------------------
 
-    def _schedule(self, at: float, fn: Callable[[Renewal], None], record: Renewal) -> Timeout | None:
+    def _schedule(
+        self, at: float, fn: Callable[[Renewal], None], record: Renewal, reuse: Timeout | None = None
+    ) -> Timeout | None:
         try:
+            if reuse is not None:
+                return self._timer.reschedule(reuse, at, fn, record)
             return self._timer.schedule(at, fn, record)
         except RuntimeError:  # the timer stopped: the client is closing
             record.state = CLOSED
             return None
+
+    def _ensure_deadline(self, record: Renewal) -> None:
+        """One deadline timeout per record for its whole life: when it fires before the
+        (since moved) local deadline, it moves itself there (see _deadline_due)."""
+        if record.deadline is None:
+            record.deadline = self._schedule(record.lost_at, self._deadline_due_cb, record)
+
+    def _arm_renewal(self, record: Renewal, at: float) -> None:
+        record.state = ARMED
+        spare, record.spare = record.spare, None
+        record.timeout = self._schedule(at, self._renew_due_cb, record, spare)
 
     def _arm_next(self, record: Renewal) -> None:
         hold_deadline = record.hold_deadline
         if hold_deadline is not None and record.ends_at >= hold_deadline - 1e-6:
             # max_hold reached: this lease term is the last one.
             record.state = FINAL
-            record.deadline = self._schedule(record.lost_at, self._deadline_due, record)
+            self._ensure_deadline(record)
             return
-        record.state = ARMED
         at = _policy.first_renewal_at(record.renewed_at, record.ends_at - record.renewed_at, record.delay_weight)
-        record.timeout = self._schedule(at, self._renew_due, record)
+        # A tick early: the wheel fires up to a tick late, and never early.
+        self._arm_renewal(record, at - self._timer.tick)
 
     def _cancel_timeouts(self, record: Renewal) -> None:
         for timeout in (record.timeout, record.deadline):
@@ -295,19 +322,17 @@ class Watchdog:
         with self._lock:
             if record.state != ARMED:
                 return
-            record.timeout = None
+            record.spare, record.timeout = record.timeout, None
             hold_deadline = record.hold_deadline
             if hold_deadline is not None and hold_deadline - self._clock() <= self._timer.tick:
                 # Nothing left to renew for: let the lease run out at max_hold.
                 record.state = FINAL
-                if record.deadline is None:
-                    record.deadline = self._schedule(record.lost_at, self._deadline_due, record)
+                self._ensure_deadline(record)
                 return
             record.state = QUEUED
             self._due.append(record)
-            if record.deadline is None:
-                # If the attempt stalls, the deadline still fires on time.
-                record.deadline = self._schedule(record.lost_at, self._deadline_due, record)
+            # If the attempt stalls, the deadline still fires on time.
+            self._ensure_deadline(record)
 
     def _after_tick(self) -> None:
         if self._due or self._orphans:
@@ -322,7 +347,8 @@ class Watchdog:
         with self._lock:
             if record.state == CLOSED or record.lost_reason is not None:
                 return
-            if self._clock() < record.lost_at:  # renewed since; a stale deadline
+            if self._clock() < record.lost_at:  # renewed since: move on to the new deadline
+                record.deadline = self._schedule(record.lost_at, self._deadline_due_cb, record, record.deadline)
                 return
             reason = record.time_reason()
             record.state = CLOSED
@@ -355,14 +381,21 @@ class Watchdog:
                 self._renew(records)
 
     def _take(self) -> list[Renewal]:
-        """Move the still-queued records in flight."""
+        """Move up to :data:`BATCH` still-queued records in flight, the earliest due first
+        (the rest go in the next round trip, at once)."""
         with self._lock:
             records = []
-            for record in self._due:
+            due = self._due
+            taken = 0
+            for taken, record in enumerate(due, 1):  # noqa: B007 - taken is used after the loop
                 if record.state == QUEUED:
                     record.state = IN_FLIGHT
                     records.append(record)
-            self._due = []
+                    if len(records) >= BATCH:
+                        break
+            self._due = due[taken:]
+            if self._due:
+                self._wake.set()
         return records
 
     def _renew(self, records: list[Renewal]) -> None:
@@ -401,46 +434,58 @@ class Watchdog:
         """Act on the store's answer (``None``: the round trip failed). Per item: ``True``
         renewed for the lease asked, a float renewed for that many seconds (RedLock's
         validity), ``False`` not ours, ``None`` that item failed (retried)."""
-        stats = self.stats
         lost: list[tuple[Renewal, str]] = []
-        with self._lock:
-            now = self._clock()
-            for i, record in enumerate(records):
-                if record.state != IN_FLIGHT:
-                    continue  # released (or lost) while in flight: its answer means nothing now
-                status = None if statuses is None else statuses[i]
-                if status is None:
-                    if statuses is not None:
-                        stats.renewal_failures += 1
-                    self._retry(record, now)
-                elif status is False:
-                    if record.releasing_since is not None:
-                        # The release overtook this renewal; the release's answer decides.
-                        record.state = FINAL
-                        self._cancel_timeouts(record)
-                        continue
-                    record.state = CLOSED
-                    self._cancel_timeouts(record)
-                    lost.append((record, "not-owner"))
-                elif record.seen_lost:
-                    # Confirmed too late: the holder was already told the lease was lost.
-                    record.state = CLOSED
-                    self._cancel_timeouts(record)
-                    lost.append((record, record.time_reason()))
-                else:
-                    # The store had the lease when the renewal arrived and extended it: the
-                    # lease never lapsed there, however late this reply is read.
-                    stats.renewals += 1
-                    record.attempt = 0
-                    asked: float = requests[i][2]
-                    granted = asked if status is True else min(float(status), asked)
-                    record.extend(sent, granted)
-                    if record.deadline is not None:
-                        record.deadline.cancel()
-                        record.deadline = None
-                    self._arm_next(record)
+        for start in range(0, len(records), APPLY_CHUNK):
+            # The lock in chunks: the timer thread must not wait for a whole batch (a garbage
+            # collection landing mid-batch would hold it up for all of it).
+            with self._lock:
+                self._apply_chunk(records, start, sent, requests, statuses, lost)
         for record, reason in lost:
             self._lost(record, reason)
+
+    def _apply_chunk(
+        self,
+        records: list[Renewal],
+        start: int,
+        sent: float,
+        requests: list[RenewItem],
+        statuses: Sequence[Any] | None,
+        lost: list[tuple[Renewal, str]],
+    ) -> None:
+        stats = self.stats
+        now = self._clock()
+        for i in range(start, min(start + APPLY_CHUNK, len(records))):
+            record = records[i]
+            if record.state != IN_FLIGHT:
+                continue  # released (or lost) while in flight: its answer means nothing now
+            status = None if statuses is None else statuses[i]
+            if status is None:
+                if statuses is not None:
+                    stats.renewal_failures += 1
+                self._retry(record, now)
+            elif status is False:
+                if record.releasing_since is not None:
+                    # The release overtook this renewal; the release's answer decides.
+                    record.state = FINAL
+                    self._cancel_timeouts(record)
+                    continue
+                record.state = CLOSED
+                self._cancel_timeouts(record)
+                lost.append((record, "not-owner"))
+            elif record.seen_lost:
+                # Confirmed too late: the holder was already told the lease was lost.
+                record.state = CLOSED
+                self._cancel_timeouts(record)
+                lost.append((record, record.time_reason()))
+            else:
+                # The store had the lease when the renewal arrived and extended it: the
+                # lease never lapsed there, however late this reply is read.
+                stats.renewals += 1
+                record.attempt = 0
+                asked: float = requests[i][2]
+                granted = asked if status is True else min(float(status), asked)
+                record.extend(sent, granted)  # its deadline timeout moves on when it fires
+                self._arm_next(record)
 
     def _retry(self, record: Renewal, now: float) -> None:
         record.attempt += 1
@@ -448,8 +493,7 @@ class Watchdog:
         if at is None:
             record.state = FINAL  # the deadline timeout declares it lost
             return
-        record.state = ARMED
-        record.timeout = self._schedule(at, self._renew_due, record)
+        self._arm_renewal(record, at)
 
     def _reset_after_fork(self) -> None:
         self._lock = threading.Lock()
