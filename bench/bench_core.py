@@ -410,7 +410,7 @@ class InMemoryBackend:
     def reenter(self, key: str, token: str) -> Any:
         return self._acquired(True, self._fence, 2)
 
-    def release(self, key: str, token: str) -> Any:
+    def release(self, key: str, token: str, fair: bool = False) -> Any:
         return self._released
 
     def renew(self, leases: Any) -> list[bool]:
