@@ -221,30 +221,7 @@ class _Wire:
                 if undo is not None:
                     self._undo_apart(undo)
                 raise
-        if self._draining:
-            self._drain()
-        connection = self._checkout()
-        try:
-            connection.send_packed_command((packed,), check_health=False)
-        except BaseException:
-            # A partial command never runs, but an interrupt may have landed after the last
-            # byte went out, or in the middle of connecting: drop the connection (it reconnects
-            # on its next use).
-            connection.disconnect()
-            self._checkin(connection)
-            if undo is not None:
-                self._undo_apart(undo)
-            raise
-        try:
-            reply = connection.read_response(disconnect_on_error=False)
-        except ResponseError:
-            self._checkin(connection)  # the whole reply was read: the connection is clean
-            raise
-        except BaseException:
-            self._fail(connection, undo)
-            raise
-        self._checkin(connection)
-        return reply
+        return self._round_trip((packed,), 1, undo)[0]
 
     def call_then(
         self, packed: bytes, args: tuple[object, ...], then: tuple[bytes, ...], undo: _Undo | None = None
@@ -266,31 +243,44 @@ class _Wire:
                 if isinstance(reply, Exception):
                     raise reply
             return replies[0], replies[1]
+        first, second = self._round_trip((packed, _packed(then)), 2, undo)
+        if isinstance(first, ResponseError):
+            raise first
+        return first, second
+
+    def _round_trip(self, frames: tuple[bytes, ...], count: int, undo: _Undo | None) -> list[Any]:
+        """Send ``frames`` in one write on a kept connection and read ``count`` replies (an
+        error reply to any but the last is returned, not raised)."""
         if self._draining:
             self._drain()
         connection = self._checkout()
         try:
-            connection.send_packed_command((packed, _packed(then)), check_health=False)
+            connection.send_packed_command(frames, check_health=False)
         except BaseException:
+            # A partial command never runs, but an interrupt may have landed after the last
+            # byte went out, or in the middle of connecting: drop the connection (it reconnects
+            # on its next use).
             connection.disconnect()
             self._checkin(connection)
             if undo is not None:
                 self._undo_apart(undo)
             raise
+        replies: list[Any] = []
         try:
-            first: Any
-            try:
-                first = connection.read_response(disconnect_on_error=False)
-            except ResponseError as exc:
-                first = exc
-            second = connection.read_response(disconnect_on_error=False)
+            while len(replies) < count - 1:
+                try:
+                    replies.append(connection.read_response(disconnect_on_error=False))
+                except ResponseError as exc:
+                    replies.append(exc)
+            replies.append(connection.read_response(disconnect_on_error=False))
+        except ResponseError:
+            self._checkin(connection)  # the whole reply was read: the connection is clean
+            raise
         except BaseException:
             self._fail(connection, undo)
             raise
         self._checkin(connection)
-        if isinstance(first, ResponseError):
-            raise first
-        return first, second
+        return replies
 
     # -- connections ------------------------------------------------------------------
 

@@ -12,8 +12,20 @@ from __future__ import annotations
 import select
 import socket
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+
+
+def wait_until(predicate: Callable[[], object], what: str, timeout: float = 30.0) -> None:
+    """Poll ``predicate`` until it holds; fail naming ``what`` after ``timeout`` (a safety net
+    against a hang, not a speed expectation)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.005)
+
 
 UP = "up"  # client -> server
 DOWN = "down"  # server -> client

@@ -21,18 +21,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-from faults import UP, FaultProxy
+from faults import UP, FaultProxy, wait_until
 
 from lockaspect import BackendError, LockClient, LockLost
 from lockaspect.testing import LockServer
-
-
-def _wait_until(predicate: Callable[[], object], what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 class TestMaxConnections:
@@ -73,15 +65,15 @@ class TestMaxConnections:
 
         hold = threading.Thread(target=holder)
         hold.start()
-        _wait_until(lambda: client.stats().held == 1, "the long lease")
+        wait_until(lambda: client.stats().held == 1, "the long lease")
         with ThreadPoolExecutor(max_workers=12) as pool_:
             futures = [pool_.submit(worker, n) for n in range(12)]
-            _wait_until(lambda: sum(f.done() for f in futures) >= 4, "some workers to finish")
+            wait_until(lambda: sum(f.done() for f in futures) >= 4, "some workers to finish")
             raw.script_flush()  # every script must be loaded again, mid-storm
             for future in futures:
                 future.result(timeout=120)
         renewals = client.stats().renewals
-        _wait_until(lambda: client.stats().renewals >= renewals + 3, "renewals after the storm")
+        wait_until(lambda: client.stats().renewals >= renewals + 3, "renewals after the storm")
         stop.set()
         hold.join(30)
         assert errors == []
@@ -189,7 +181,7 @@ class TestTransientErrorsDuringAWait:
         assert started.wait(30)
         fresh_raw = fresh_server.redis()
         try:
-            _wait_until(lambda: fresh_raw.llen(client.backend.queue_key("restart")) >= 1, "the waiter to queue")
+            wait_until(lambda: fresh_raw.llen(client.backend.queue_key("restart")) >= 1, "the waiter to queue")
         finally:
             fresh_raw.close()
         fresh_server.restart()  # the store goes away (and loses the lock: no persistence)

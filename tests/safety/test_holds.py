@@ -18,12 +18,11 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from faults import DOWN, FaultProxy
+from faults import DOWN, FaultProxy, wait_until
 
 from lockaspect import BackendError, LockClient, LockNotAcquired, current_lease
 from lockaspect.testing import LockServer
@@ -37,14 +36,6 @@ def _address(server: LockServer) -> tuple[str, int]:
 def proxy(lock_server: LockServer) -> Iterator[FaultProxy]:
     with FaultProxy(_address(lock_server)) as proxy:
         yield proxy
-
-
-def _wait_until(predicate: Callable[[], object], what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.005)
 
 
 class TestReentryRacingTheOuterExit:
@@ -98,7 +89,7 @@ class TestReentryRacingTheOuterExit:
         assert entered.wait(30), failures
         # B holds the lock now; prove it stays renewed and exclusive over several leases.
         start = holder.stats().renewals
-        _wait_until(lambda: holder.stats().renewals >= start + 3, "three renewals while B holds it")
+        wait_until(lambda: holder.stats().renewals >= start + 3, "three renewals while B holds it")
         with pytest.raises(LockNotAcquired), other.rw_lock("race").write() if kind == "read" else block(other):
             pass
         leave.set()

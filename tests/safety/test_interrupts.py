@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from faults import wait_until
 
 import lockaspect.lease
 from lockaspect import LockClient, LockNotAcquired
@@ -36,14 +37,6 @@ FORK_WARNING = "ignore:This process .* is multi-threaded, use of fork:Deprecatio
 
 class Interrupt(BaseException):
     """What the signal handler raises (a KeyboardInterrupt would do the same)."""
-
-
-def _wait_until(predicate: Callable[[], object], what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 def _closes(client: LockClient) -> bool:
@@ -163,9 +156,9 @@ class TestSignalStorm:
             storm.stop()
         assert interrupted > 100, "the storm interrupted too few cycles to test anything"
         # Every hold abandoned by an interrupt is released: nothing stays held or renewed.
-        _wait_until(lambda: client.stats().held == 0, "the abandoned holds to be released")
+        wait_until(lambda: client.stats().held == 0, "the abandoned holds to be released")
         locks = [client.backend.lock_key(f"k{n}") for n in range(8)]
-        _wait_until(lambda: not raw.exists(*locks), "the keys to be released")
+        wait_until(lambda: not raw.exists(*locks), "the keys to be released")
         renewals = client.stats().renewals
         with client.lock("after"):  # still usable
             pass
@@ -225,7 +218,7 @@ class TestFork:
             thread = threading.Thread(target=parent_waits)
             thread.start()
             # The parent's waiter holds its slot for the key (it is queued in the store).
-            _wait_until(lambda: parent_waiter.encode() in raw.lrange(queue, 0, -1), "the parent's waiter to queue")
+            wait_until(lambda: parent_waiter.encode() in raw.lrange(queue, 0, -1), "the parent's waiter to queue")
 
             def child() -> None:
                 with client.lock("slot", wait=None):
@@ -235,7 +228,7 @@ class TestFork:
             # Free the lock once the child waits for it too (queued under an id of its own);
             # a child stuck on the parent's slot never queues: then free it anyway, later.
             try:
-                _wait_until(lambda: len(raw.lrange(queue, 0, -1)) >= 2, "the child to queue", timeout=10)
+                wait_until(lambda: len(raw.lrange(queue, 0, -1)) >= 2, "the child to queue", timeout=10)
             except AssertionError:
                 pass
         status = _reap(pid)
@@ -280,7 +273,7 @@ class TestCloseDuringRenewal:
         trips = client.stats().renewal_round_trips
         fresh_server.pause()
         try:
-            _wait_until(lambda: client.stats().renewal_round_trips > trips, "a renewal to go out")
+            wait_until(lambda: client.stats().renewal_round_trips > trips, "a renewal to go out")
             closer = threading.Thread(target=client.close, daemon=True)
             closer.start()
         finally:
