@@ -467,6 +467,7 @@ class _InMemory:
         from lockaspect.backends.base import AcquireResult, Capability, ReleaseResult
 
         self.capabilities = Capability.RENEWABLE | Capability.BATCH_RENEW | Capability.FENCING
+        self.kinds = frozenset({"lock"})
         self._acquired = AcquireResult
         self._released = ReleaseResult.RELEASED
         self._fence = 0
@@ -474,14 +475,14 @@ class _InMemory:
     def asyncio_twin(self) -> _InMemory:
         return self
 
-    async def acquire(self, key: str, token: str, lease: float) -> Any:
+    async def acquire(self, request: Any) -> Any:
         self._fence += 1
-        return self._acquired(True, self._fence, 1)
+        return self._acquired(True, self._fence)
 
-    async def reenter(self, key: str, token: str) -> Any:
-        return self._acquired(True, self._fence, 2)
+    async def reenter(self, key: str, token: str, kind: str = "lock") -> bool:
+        return True
 
-    async def release(self, key: str, token: str) -> Any:
+    async def release(self, key: str, token: str, kind: str = "lock") -> Any:
         return self._released
 
     async def renew(self, leases: Any) -> list[bool]:
@@ -489,6 +490,12 @@ class _InMemory:
 
     def notifier(self) -> None:
         return None
+
+    def threads(self) -> list[Any]:
+        return []
+
+    def waiter_id(self, listens: bool) -> str:
+        return ""
 
     async def aclose(self) -> None:
         pass

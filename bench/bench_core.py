@@ -399,18 +399,19 @@ class InMemoryBackend:
         from lockaspect.backends.base import AcquireResult, Capability, ReleaseResult
 
         self.capabilities = Capability.RENEWABLE | Capability.BATCH_RENEW | Capability.FENCING
+        self.kinds = frozenset({"lock"})
         self._acquired = AcquireResult
         self._released = ReleaseResult.RELEASED
         self._fence = 0
 
-    def acquire(self, key: str, token: str, lease: float) -> Any:
+    def acquire(self, request: Any) -> Any:
         self._fence += 1
-        return self._acquired(True, self._fence, 1)
+        return self._acquired(True, self._fence)
 
-    def reenter(self, key: str, token: str) -> Any:
-        return self._acquired(True, self._fence, 2)
+    def reenter(self, key: str, token: str, kind: str = "lock") -> bool:
+        return True
 
-    def release(self, key: str, token: str, fair: bool = False) -> Any:
+    def release(self, key: str, token: str, kind: str = "lock") -> Any:
         return self._released
 
     def renew(self, leases: Any) -> list[bool]:
@@ -418,6 +419,12 @@ class InMemoryBackend:
 
     def notifier(self) -> None:
         return None
+
+    def threads(self) -> list[Any]:
+        return []
+
+    def waiter_id(self, listens: bool) -> str:
+        return ""
 
     def close(self) -> None:
         pass

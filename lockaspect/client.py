@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 from . import _policy
-from .backends.base import AcquireResult, Backend, Capability, MultiAcquireResult, ReleaseResult, Subscription
+from .backends.base import AcquireRequest, AcquireResult, Capability, ReleaseResult, Store, Subscription
 from .errors import _NO_RESULT, BackendError, ConfigurationError, LockLost, LockNotAcquired, NotReplicated
 from .executor import Outcome, check_executor, run_body
 from .keys import check_key
@@ -145,37 +145,21 @@ _OWN_PLACE = frozenset({"fair", "read", "write"})
 def _acquire_call(
     backend: Any, key: str, token: str, lease_time: float, spec: LockSpec, waiter: str | None, front: bool, below: str
 ) -> Any:
-    """The backend call for one acquire attempt of ``spec``'s kind (a result, or an awaitable
-    on an async backend): the one place sync and async engines choose it. ``below``: the
-    token of the write lock a reader holds (a downgrade), else ""."""
+    """The store call for one acquire attempt of ``spec``'s kind (a result, or an awaitable
+    on an async store). ``below``: the token of the write lock a reader holds, else ""."""
     kind = spec.kind
-    if kind == "semaphore":
-        return backend.sem_acquire(key, token, lease_time, spec.permits, waiter, front)
-    if kind in ("read", "write"):
-        return backend.rw_acquire(key, token, lease_time, kind, waiter, below)
-    if kind == "fair":
-        return backend.acquire(key, token, lease_time, waiter, False, True)
-    if waiter is None:
-        return backend.acquire(key, token, lease_time)
-    return backend.acquire(key, token, lease_time, waiter, front)
+    permits = spec.permits
+    return backend.acquire(AcquireRequest(kind, (key,), token, lease_time, waiter, front, below, permits))
 
 
 def _release_call(backend: Any, key: str, token: str, kind: str) -> Any:
-    """The backend call that gives back ``kind``'s hold (see :func:`_acquire_call`)."""
-    if kind == "semaphore":
-        return backend.sem_release(key, token)
-    if kind in ("read", "write"):
-        return backend.rw_release(key, token, kind)
-    return backend.release(key, token, kind == "fair")
+    """The store call that gives back ``kind``'s hold (see :func:`_acquire_call`)."""
+    return backend.release(key, token, kind)
 
 
 def _reenter_call(backend: Any, key: str, token: str, kind: str) -> Any:
-    """The backend call that checks (and for a lock, adds) a re-entry hold."""
-    if kind == "semaphore":
-        return backend.sem_reenter(key, token)
-    if kind in ("read", "write"):
-        return backend.rw_held(key, token, kind)
-    return backend.reenter(key, token)
+    """The store call that checks a re-entry's lease is still ours."""
+    return backend.reenter(key, token, kind)
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,11 +189,6 @@ class _Plan(NamedTuple):
 def _with_result(lost: LockLost, result: Any) -> LockLost:
     """``lost`` again, carrying the body's result (as a single-key call's LockLost does)."""
     return LockLost(str(lost), key=lost.key, reason=lost.reason, lease=lost.lease, result=result)
-
-
-def _busy(result: MultiAcquireResult) -> AcquireResult:
-    """A failed multi-key attempt as the busy answer for its busy key."""
-    return AcquireResult(False, holder_ttl=result.holder_ttl)
 
 
 def _slot_key(key: str, spec: LockSpec) -> str:
@@ -466,13 +445,6 @@ class _HookRunner:
 _clients: weakref.WeakSet[LockClient] = weakref.WeakSet()
 
 
-def _socket_timeout(backend: Any) -> float | None:
-    """The read timeout of a redis-py backend's connections, if it has one."""
-    pool = getattr(getattr(backend, "redis", None), "connection_pool", None)
-    timeout = getattr(pool, "connection_kwargs", {}).get("socket_timeout")
-    return None if timeout is None else float(timeout)
-
-
 class LockClient:
     """A connection to one lock store, with its timer, watchdog and default executor.
 
@@ -503,7 +475,7 @@ class LockClient:
 
     def __init__(
         self,
-        backend: Backend,
+        backend: Store,
         *,
         watchdog_lease: float = 30.0,
         tick: float = 0.1,
@@ -523,12 +495,11 @@ class LockClient:
         else:
             weight = _policy.check_delay_weight(delay_weight)
             _policy.check_margin(lease, weight, tick_s)
-        replicated = _policy.check_wait_replicas(wait_replicas, _socket_timeout(backend))
+        replicated = _policy.check_wait_replicas(wait_replicas, None)
         if replicated is not None:
-            wait_for = getattr(backend, "wait_for_replicas", None)
-            if wait_for is None:
-                raise ConfigurationError(f"{type(backend).__name__} cannot wait for replicas")
-            wait_for(*replicated)
+            if not backend.capabilities & Capability.REPLICAS:
+                raise ConfigurationError(f"{backend!r} cannot wait for replicas (wait_replicas)")
+            backend.wait_for_replicas(*replicated)
         self.wait_replicas = replicated
         self.backend = backend
         self.delay_weight = weight
@@ -905,12 +876,20 @@ class LockClient:
         """
         spec = LockSpec.create(permits=permits)
         assert spec.permits is not None
-        self.backend.sem_state(check_key(key), spec.permits)
+        self._admin("set_permits").permits(check_key(key), spec.permits)
 
     def permits(self, key: str) -> tuple[int | None, int]:
         """``(permits, in use)`` of the semaphore ``key``: its number of permits (``None``
         if it was never used) and how many are held now (leases that have not ended)."""
-        return self.backend.sem_state(check_key(key))
+        state: tuple[int | None, int] = self._admin("permits").permits(check_key(key))
+        return state
+
+    def _admin(self, what: str) -> Any:
+        """The store's admin part, for a semaphore's permits."""
+        backend = self.backend
+        if "semaphore" not in backend.kinds or not callable(getattr(backend, "permits", None)):
+            raise ConfigurationError(f"{what}: {backend!r} does not serve semaphores")
+        return backend
 
     def stats(self) -> ClientStats:
         """Counters since the client was created (renewals, lost leases, ...)."""
@@ -958,9 +937,7 @@ class LockClient:
         ``lockaspect-hooks``.
         """
         threads = [self._timer.thread, self._watchdog.thread, self._hooks.thread]
-        backend_threads = getattr(self.backend, "threads", None)
-        if backend_threads is not None:
-            threads.extend(backend_threads())
+        threads.extend(self.backend.threads())
         return [t for t in threads if t is not None and t.is_alive()]
 
     def __enter__(self) -> LockClient:
@@ -985,7 +962,7 @@ class LockClient:
                 return hold
             # Its last hold was given back meanwhile (the outer call returned): take the lock.
         below = self._below(key, spec)
-        plan = self._plan(spec)
+        plan = self._plan(spec, key)
         token = _token()
         waiter = self._own_waiter(spec) if spec.kind in _OWN_PLACE else self._early_waiter(key, spec)
         sent = self._clock()
@@ -1084,9 +1061,9 @@ class LockClient:
             entered = self._reenter_all(held)
             if entered is not None:
                 return entered
-        plan = self._plan(spec)
+        plan = self._plan(spec, keys[0], True)
         token = _token()
-        own = "n" + _urandom(8).hex()  # a place of its own in each queue it joins (not the process's)
+        own = self.backend.waiter_id(True)  # a place of its own in each queue it joins (not the process's)
         clock = self._clock
         start = clock()
         deadline = _policy.wait_deadline(start, spec.wait)
@@ -1102,7 +1079,7 @@ class LockClient:
             while True:
                 sent = clock()
                 try:
-                    result = self.backend.multi_acquire(keys, token, plan.lease_time, waiter)
+                    result = self.backend.acquire(AcquireRequest("lock", keys, token, plan.lease_time, waiter))
                     failure = None
                 except BackendError as exc:
                     # The attempt left nothing behind (the backend undoes a failed attempt).
@@ -1110,7 +1087,7 @@ class LockClient:
                     if not exc.transient or spec.wait == 0 or (deadline is not None and now >= deadline):
                         raise
                     failure = exc
-                    result = MultiAcquireResult(False, busy=watched or keys[0])
+                    result = AcquireResult(False, busy=watched or keys[0])
                     token = _token()  # see _wait_turn: the failed attempt may still arrive
                 tries += 1
                 if result.acquired:
@@ -1120,7 +1097,7 @@ class LockClient:
                 if deadline is not None and now >= deadline:
                     if failure is not None:
                         raise failure
-                    raise self._not_acquired(result.busy or keys[0], spec, start, _busy(result), tries)
+                    raise self._not_acquired(result.busy or keys[0], spec, start, result, tries)
                 if self._closed:
                     raise ConfigurationError("the LockClient was closed while waiting", key=keys[0])
                 if notifier is not None and failure is None and result.busy != watched:
@@ -1156,7 +1133,7 @@ class LockClient:
             if self._too_few_replicas(result):
                 raise self._not_replicated(keys[0], result)
             for key, fence in zip(keys, result.fencing_tokens, strict=True):
-                holds.append(self._new_lease(key, token, AcquireResult(True, fence, 1), spec, plan, sent, None))
+                holds.append(self._new_lease(key, token, AcquireResult(True, fence), spec, plan, sent, None))
         except BaseException:
             for made in holds:
                 self._release(made)
@@ -1249,11 +1226,11 @@ class LockClient:
                 key=key,
             )
 
-    def _too_few_replicas(self, result: AcquireResult | MultiAcquireResult) -> bool:
+    def _too_few_replicas(self, result: AcquireResult) -> bool:
         wanted = self.wait_replicas
         return wanted is not None and result.replicas is not None and result.replicas < wanted[0]
 
-    def _not_replicated(self, key: str, result: AcquireResult | MultiAcquireResult) -> NotReplicated:
+    def _not_replicated(self, key: str, result: AcquireResult) -> NotReplicated:
         assert self.wait_replicas is not None
         wanted, timeout = self.wait_replicas
         confirmed = result.replicas or 0
@@ -1273,7 +1250,7 @@ class LockClient:
         if spec.wait == 0:
             return None
         listens = self._notify and spec.wait_strategy == "notify"
-        return ("n" if listens else "p") + _urandom(8).hex()
+        return self.backend.waiter_id(listens)
 
     def _early_waiter(self, key: str, spec: LockSpec) -> str | None:
         """The waiter id a first attempt may queue under: when the caller would wait and this
@@ -1296,7 +1273,15 @@ class LockClient:
         # taking many distinct locks in one context stays O(1) per lock.
         return _find_held(self, key, kind) if key in self._held_keys else None
 
-    def _plan(self, spec: LockSpec) -> _Plan:
+    def _plan(self, spec: LockSpec, key: str, multi: bool = False) -> _Plan:
+        """The lease to ask for and how to renew it; refuses, before any I/O, a kind the store
+        does not serve."""
+        backend = self.backend
+        if spec.kind not in backend.kinds or (multi and not backend.capabilities & Capability.MULTI_KEY):
+            what = "multi-key" if multi else spec.kind
+            raise ConfigurationError(
+                f"{backend!r} does not serve {what} locks (it serves: {', '.join(sorted(backend.kinds))})", key=key
+            )
         watchdog = spec.lease is None
         delay_weight = self.delay_weight if spec.delay_weight is None else spec.delay_weight
         if watchdog:
@@ -1738,10 +1723,10 @@ class LockClient:
             lease._refs.add(hold.ref)
         return hold
 
-    def _entered(self, hold: _Hold, result: AcquireResult) -> None:
+    def _entered(self, hold: _Hold, held: bool) -> None:
         """Settle a re-entry once the store said whether the lease is still ours."""
         lease = hold.lease
-        if not result.acquired:
+        if not held:
             self._lost_here(lease, "not-owner")
             raise LockLost(
                 f"cannot re-enter {lease.key!r}: the store no longer has it for this owner",
@@ -1895,10 +1880,7 @@ class LockClient:
         with self._count_lock:
             state = self._states.get(loop)
             if state is None:
-                twin = getattr(self.backend, "asyncio_twin", None)
-                if twin is None:
-                    raise ConfigurationError(f"{type(self.backend).__name__} has no asyncio support")
-                backend = twin()
+                backend = self.backend.asyncio_twin()
                 state = _LoopState(loop, backend, self._forget_state)
                 self._states[loop] = state
         self._last_state = state
@@ -1921,7 +1903,7 @@ class LockClient:
             if hold is not None:
                 return hold
         below = self._below(key, spec)
-        plan = self._plan(spec)
+        plan = self._plan(spec, key)
         token = _token()
         waiter = self._own_waiter(spec) if spec.kind in _OWN_PLACE else self._early_async_waiter(state, key, spec)
         sent = self._clock()
@@ -1973,9 +1955,9 @@ class LockClient:
                 raise
             for made in entered:
                 await self._arelease_shielded(made, state)
-        plan = self._plan(spec)
+        plan = self._plan(spec, keys[0], True)
         token = _token()
-        own = "n" + _urandom(8).hex()
+        own = state.backend.waiter_id(True)
         clock = self._clock
         start = clock()
         deadline = _policy.wait_deadline(start, spec.wait)
@@ -1991,7 +1973,7 @@ class LockClient:
                 _raise_if_cancel_lost()
                 sent = clock()
                 try:
-                    result = await state.backend.multi_acquire(keys, token, plan.lease_time, waiter)
+                    result = await state.backend.acquire(AcquireRequest("lock", keys, token, plan.lease_time, waiter))
                     failure = None
                 except BackendError as exc:
                     # The attempt left nothing behind (the backend undoes a failed attempt).
@@ -1999,7 +1981,7 @@ class LockClient:
                     if not exc.transient or spec.wait == 0 or (deadline is not None and now >= deadline):
                         raise
                     failure = exc
-                    result = MultiAcquireResult(False, busy=watched or keys[0])
+                    result = AcquireResult(False, busy=watched or keys[0])
                     token = _token()  # see _wait_turn: the failed attempt may still arrive
                 tries += 1
                 if result.acquired:
@@ -2009,7 +1991,7 @@ class LockClient:
                 if deadline is not None and now >= deadline:
                     if failure is not None:
                         raise failure
-                    raise self._not_acquired(result.busy or keys[0], spec, start, _busy(result), tries)
+                    raise self._not_acquired(result.busy or keys[0], spec, start, result, tries)
                 if self._closed:
                     raise ConfigurationError("the LockClient was closed while waiting", key=keys[0])
                 if notifier is not None and failure is None and result.busy != watched:
@@ -2045,7 +2027,7 @@ class LockClient:
             if self._too_few_replicas(result):
                 raise self._not_replicated(keys[0], result)
             for key, fence in zip(keys, result.fencing_tokens, strict=True):
-                holds.append(self._new_lease(key, token, AcquireResult(True, fence, 1), spec, plan, sent, state.loop))
+                holds.append(self._new_lease(key, token, AcquireResult(True, fence), spec, plan, sent, state.loop))
         except BaseException:
             for made in holds:
                 await self._arelease_shielded(made, state)
@@ -2428,9 +2410,7 @@ class LockClient:
         self._timer._reset_after_fork()
         self._watchdog._reset_after_fork()
         self._hooks = _HookRunner()
-        reset = getattr(self.backend, "_reset_after_fork", None)
-        if reset is not None:
-            reset()
+        self.backend.reset_after_fork()
         self._count_lock = threading.Lock()
         self._counts = dict.fromkeys(self._counts, 0)
         self._held_keys = {}

@@ -46,7 +46,7 @@ from .errors import BackendError
 if TYPE_CHECKING:
     import weakref
 
-    from .backends.base import Backend
+    from .backends.base import Store
     from .lease import Lease
     from .timer import HashedWheelTimer, Timeout
 
@@ -165,9 +165,7 @@ class Renewal:
 
     def renewal_item(self, sent: float) -> RenewItem:
         seconds = _policy.renewal_lease(sent, self.lease_time, self.hold_deadline)
-        if self.kind in ("lock", "fair"):
-            return (self.key, self.token, seconds)
-        return (self.key, self.token, seconds, self.kind)
+        return RenewItem(self.key, self.token, seconds, self.kind)
 
     def __repr__(self) -> str:
         return f"<Renewal {self.key!r} {('armed', 'queued', 'in-flight', 'final', 'closed')[self.state]}>"
@@ -208,7 +206,7 @@ class Watchdog:
 
     def __init__(
         self,
-        backend: Backend,
+        backend: Store,
         timer: HashedWheelTimer,
         lost: Callable[[Renewal, str], None],
         *,

@@ -1,129 +1,206 @@
-"""What a store must do for lockaspect: the backend protocol and its result types.
+"""The store protocol: what a lock store must do for lockaspect, and the values that cross it.
 
-A backend performs single round trips and reports what the store said; every decision
-(waiting, retrying, what a failed renewal means) is taken by the core. Backends raise only
-:class:`~lockaspect.BackendError`, chained to the driver's exception.
+A store performs single round trips and reports what the store said; every decision (waiting,
+retrying, re-entry, what a failed renewal means) is taken by the engine. The protocol is small
+and generic: :meth:`Store.acquire` takes one :class:`AcquireRequest` for every lock kind
+(``request.kind`` names it; a store looks it up in its own operation table), and answers one
+:class:`AcquireResult`. A store declares what it can do (:class:`Capability`) and which kinds it
+serves (:attr:`Store.kinds`); the engine refuses anything else before any I/O.
+
+Stores raise only :class:`~lockaspect.BackendError` (chained to the driver's exception, with
+``transient`` set when a retry may succeed) and :class:`~lockaspect.ConfigurationError` (for a
+request they cannot serve). Seconds at this boundary; conversion to the store's units inside.
+
+Nothing outside a store touches its driver or its private members: the engine reaches a store
+only through :class:`Store` / :class:`AsyncStore`, the operator tools through
+:class:`AdminStore`. ``docs/stores/writing-a-store.md`` walks through adding one.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
-from typing import NamedTuple, Protocol
+import threading
+from collections.abc import Iterator, Sequence
+from typing import NamedTuple, Protocol, runtime_checkable
 
 __all__ = [
+    "KINDS",
+    "AcquireRequest",
     "AcquireResult",
-    "Backend",
+    "AdminStore",
+    "AsyncNotifier",
+    "AsyncStore",
+    "AsyncSubscription",
     "Capability",
-    "MultiAcquireResult",
+    "KeyState",
     "Notifier",
     "ReleaseResult",
     "RenewItem",
+    "RenewStatus",
+    "Store",
     "Subscription",
 ]
 
-
-#: What the watchdog asks a backend to renew: ``(key, token, lease seconds)`` for a lock or a
-#: fair lock, ``(key, token, lease seconds, kind)`` for the other kinds: ``"semaphore"`` (a
-#: permit), ``"read"`` or ``"write"`` (a read-write lock's hold). :meth:`Backend.renew`
-#: answers each with ``True``, ``False`` or ``None`` (renewed, not ours, retry).
-RenewItem = tuple[str, str, float] | tuple[str, str, float, str]
+#: Every lock kind the engine knows, by the name a store sees in requests: ``"lock"`` (a
+#: mutex; several keys: a multi-key lock), ``"fair"`` (a mutex whose waiters are served in
+#: order), ``"semaphore"`` (one of ``permits`` permits), ``"read"`` and ``"write"`` (the two
+#: sides of a read-write lock).
+KINDS = frozenset({"lock", "fair", "semaphore", "read", "write"})
 
 
 class Capability(enum.Flag):
-    """What a backend can do beyond acquire/release."""
+    """What a store can do beyond taking and giving back a lock."""
 
     NONE = 0
-    #: Leases expire unless renewed, so the watchdog applies.
+    #: Leases expire unless renewed, so the watchdog renews them (Redis, SQL lease tables).
     RENEWABLE = enum.auto()
-    #: ``renew`` takes many keys and answers in one round trip.
+    #: Holds live as long as a session the store keeps alive itself (ZooKeeper, PostgreSQL
+    #: advisory locks): no watchdog renewals; the store reports a lost session through
+    #: :meth:`Store.renew` answering ``False`` for its leases.
+    SESSION_BOUND = enum.auto()
+    #: :meth:`Store.renew` takes many leases and answers in one round trip.
     BATCH_RENEW = enum.auto()
-    #: A release publishes a message that waiters can block on (see :class:`Notifier`).
+    #: A release publishes a message that waiters can block on (see :meth:`Store.notifier`).
     RELEASE_NOTIFY = enum.auto()
     #: Every acquisition gets a strictly increasing fencing token per key.
     FENCING = enum.auto()
+    #: A ``"lock"`` request may name several keys: all taken at once, or none.
+    MULTI_KEY = enum.auto()
+    #: After a write, the store can wait for replicas to confirm it (``wait_replicas``).
+    REPLICAS = enum.auto()
+
+
+class AcquireRequest(NamedTuple):
+    """One acquire attempt, for any kind (a tuple: cheap on the hot path).
+
+    Attributes:
+        kind: One of :data:`KINDS`; the store serves only its :attr:`Store.kinds`.
+        keys: The key; several (sorted, distinct) for a multi-key ``"lock"``.
+        token: The owner token: random, unique per acquisition, never a re-entry.
+        lease: Seconds the store keeps the hold without a renewal.
+        waiter: A waiter id (from :meth:`Store.waiter_id` or a notifier's ``waiter_id``): a
+            busy attempt queues it for a wake-up on release, a successful one takes it off the
+            queue. ``None``: a try that does not queue.
+        front: Queue at the head (a waiter woken for a release but beaten to it).
+        below: For ``"read"``: the token of the write lock the caller holds (a downgrade).
+        permits: For ``"semaphore"``: the number of permits the caller expects.
+    """
+
+    kind: str
+    keys: tuple[str, ...]
+    token: str
+    lease: float
+    waiter: str | None = None
+    front: bool = False
+    below: str = ""
+    permits: int | None = None
+
+    @property
+    def key(self) -> str:
+        """The (first) key."""
+        return self.keys[0]
 
 
 class AcquireResult(NamedTuple):
-    """The store's answer to one acquire attempt (a tuple: cheap on the hot path).
+    """The store's answer to one acquire attempt: acquired, or busy and what to wait on.
 
     Attributes:
-        acquired: The lock is ours (first hold, or a re-entry of our own token).
-        fencing_token: The lock's fencing token on a first acquisition, else 0 (a re-entry
-            does not read it: the caller already has it).
-        holds: Our hold count after the call (1 on first acquisition), else 0.
-        holder_ttl: When busy, the holder's remaining lease in seconds, or ``None`` when
-            the store did not say.
-        replicas: When acquired by a backend asked to wait for replicas, how many
-            confirmed the write in time; else ``None``.
+        acquired: The lock is ours (every key of a multi-key request).
+        fencing_token: When acquired, the (first) key's fencing token (0 without FENCING).
+        holder_ttl: When busy, the holder's remaining lease in seconds (the retry hint for a
+            poller), or ``None`` when the store did not say.
+        replicas: When acquired by a store asked to wait for replicas, how many confirmed the
+            write in time; else ``None``.
         permits: Semaphores only: the semaphore has this many permits, not the number the
-            caller expected (nothing was acquired or changed); else ``None``.
+            request expected (nothing was acquired or changed); else ``None``.
         valid_for: When acquired, how long the lease may be trusted, in seconds counted from
             when the request was sent, if shorter than the lease asked for (RedLock takes the
             round trips and a clock-drift allowance off); ``None``: the whole lease.
+        fencing_tokens: When acquired, each key's fencing token, in the request's key order
+            (a multi-key request; a single key's answer may leave it empty).
+        busy: When not acquired, the key to wait on (the busy key of a multi-key request);
+            ``None``: the request's (first) key.
     """
 
     acquired: bool
     fencing_token: int = 0
-    holds: int = 0
     holder_ttl: float | None = None
     replicas: int | None = None
     permits: int | None = None
     valid_for: float | None = None
-
-
-class MultiAcquireResult(NamedTuple):
-    """The store's answer to one all-or-nothing attempt on several keys.
-
-    Attributes:
-        acquired: Every key is held by the token now.
-        fencing_tokens: When acquired, each key's fencing token, in the keys' order.
-        busy: When not acquired, the key held by another owner.
-        holder_ttl: That holder's remaining lease in seconds, ``None`` when it has none.
-        replicas: As :attr:`AcquireResult.replicas`.
-    """
-
-    acquired: bool
     fencing_tokens: tuple[int, ...] = ()
     busy: str | None = None
-    holder_ttl: float | None = None
-    replicas: int | None = None
 
 
 class ReleaseResult(enum.IntEnum):
-    """Release outcome codes (the values are what the Lua script returns)."""
+    """What a release did (the values are what the Redis scripts return)."""
 
     NOT_OWNER = 0
     RELEASED = 1
     STILL_HELD = 2
 
 
+class RenewItem(NamedTuple):
+    """One lease the watchdog asks a store to renew."""
+
+    key: str
+    token: str
+    lease: float
+    kind: str = "lock"
+
+
+#: One renewal's outcome: ``True`` renewed for the whole lease; a ``float``: renewed, valid
+#: for that many seconds from when the renewal was sent (RedLock); ``False``: not ours any
+#: more (gone, another owner, a foreign value written over the key, a session lost); ``None``:
+#: not decided, retry (this item's part of the batch failed on its own).
+RenewStatus = bool | float | None
+
+
+class KeyState(NamedTuple):
+    """What :meth:`AdminStore.describe` reports about one key (for the operator tools)."""
+
+    key: str
+    kind: str
+    holders: int
+    remaining: float | None
+    fencing_token: int | None = None
+    waiters: int = 0
+    permits: int | None = None
+
+
 class Subscription(Protocol):
-    """A local waiter's registration for release messages on one lock."""
+    """A local waiter's registration for release messages of one lock (threads)."""
 
     def wait(self, timeout: float) -> bool:
-        """Block until a release message arrives or ``timeout`` passes; ``True`` if woken
-        by a message (or by the notifier failing, so the waiter re-checks at once)."""
+        """Block until a release message arrives or ``timeout`` passes; ``True`` if woken by a
+        message (or by the notifier failing, so the waiter re-checks at once)."""
         ...
 
     @property
     def active(self) -> bool:
-        """The subscription is confirmed by the store, so a release will wake us."""
+        """The store confirmed the subscription, so a release will wake us."""
         ...
 
 
-class Notifier(Protocol):
-    """Delivers release messages to local waiters over one shared connection."""
+class AsyncSubscription(Protocol):
+    """:class:`Subscription` for one event loop's tasks."""
 
-    #: The id under which this notifier's waiters queue for a lock: a release wakes the
-    #: first queued waiter, on a channel of that waiter's own.
+    async def wait(self, timeout: float) -> bool: ...
+
+    @property
+    def active(self) -> bool: ...
+
+
+class Notifier(Protocol):
+    """Delivers release messages to local waiters (one shared connection per client)."""
+
+    #: The id under which this notifier's waiters queue (coalesced waiters of one process).
     waiter_id: str
 
     def subscribe(self, key: str, timeout: float, waiter: str | None = None) -> Subscription:
-        """Register for release messages of ``key`` (for ``waiter``, default
-        :attr:`waiter_id`); waits up to ``timeout`` for the store to confirm. A
-        subscription that is not confirmed reports ``active == False`` and the waiter falls
-        back to bounded polling."""
+        """Register for release messages of ``key`` (for ``waiter``, default :attr:`waiter_id`);
+        waits up to ``timeout`` for the store to confirm. An unconfirmed subscription reports
+        ``active == False`` and the waiter falls back to bounded polling."""
         ...
 
     def listening(self, key: str) -> bool:
@@ -135,104 +212,133 @@ class Notifier(Protocol):
     def close(self) -> None: ...
 
 
-class Backend(Protocol):
-    """A lock store. Seconds at this boundary; conversion to the store's units inside."""
+class AsyncNotifier(Protocol):
+    """:class:`Notifier` for one event loop."""
 
+    waiter_id: str
+
+    async def subscribe(self, key: str, timeout: float, waiter: str | None = None) -> AsyncSubscription: ...
+
+    def listening(self, key: str) -> bool: ...
+
+    def unsubscribe(self, subscription: AsyncSubscription) -> None: ...
+
+
+@runtime_checkable
+class Store(Protocol):
+    """A lock store, for threads. Every method is one round trip (or none).
+
+    Holds are counted by the engine: the store keeps one hold per owner token, and a retried
+    request with the same token does not add one.
+    """
+
+    #: What the store can do.
     capabilities: Capability
+    #: The lock kinds it serves (a subset of :data:`KINDS`).
+    kinds: frozenset[str]
 
-    def acquire(
-        self,
-        key: str,
-        token: str,
-        lease: float,
-        waiter: str | None = None,
-        front: bool = False,
-        fair: bool = False,
-    ) -> AcquireResult:
-        """Take ``key`` for ``token`` for ``lease`` seconds, or report the holder's TTL.
+    def acquire(self, request: AcquireRequest) -> AcquireResult:
+        """Try once to take ``request.keys`` for ``request.token`` (see
+        :class:`AcquireRequest`). Idempotent for a token that already holds them. A request
+        that fails (a timeout, an interrupt) must leave nothing behind: a store that cannot
+        know whether it arrived undoes it (the Redis store writes the release behind it on the
+        same connection)."""
+        ...
 
-        Idempotent for a token that already holds the lock (a retried request does not
-        add a hold): re-entry is :meth:`reenter`. With ``waiter`` (a notifier's
-        ``waiter_id``), a busy attempt queues that waiter for a wake-up on release (at the
-        head with ``front``), and a successful one takes it off the queue. With ``fair``,
-        the fair lock's queue: a free lock goes only to its first live waiter (or to anyone
-        when nobody queues).
-        """
+    def release(self, key: str, token: str, kind: str = "lock") -> ReleaseResult:
+        """Give back ``token``'s hold of ``key`` and wake the next waiter: ``RELEASED``, or
+        ``NOT_OWNER`` when the store no longer has it for ``token``."""
+        ...
+
+    def reenter(self, key: str, token: str, kind: str = "lock") -> bool:
+        """Whether ``token`` still holds ``key`` (asked on a re-entry; changes nothing)."""
+        ...
+
+    def renew(self, leases: Sequence[RenewItem]) -> Sequence[RenewStatus]:
+        """Extend ``leases`` (one round trip with BATCH_RENEW); one :data:`RenewStatus` per
+        item, in order. Raises :class:`~lockaspect.BackendError` only when the round trip as a
+        whole failed (the connection, a timeout)."""
         ...
 
     def unqueue(self, key: str, waiter: str, kind: str = "lock") -> None:
-        """Take ``waiter`` off ``key``'s queue: it stopped waiting."""
+        """Take ``waiter`` off ``key``'s wait queue: it stopped waiting."""
         ...
 
-    def multi_acquire(
-        self, keys: Sequence[str], token: str, lease: float, waiter: str | None = None
-    ) -> MultiAcquireResult:
-        """Take every lock of ``keys`` for ``token`` at once, or none: the first busy key and
-        its holder's TTL. With ``waiter``, a busy attempt queues it on that key."""
-        ...
-
-    def sem_acquire(
-        self, key: str, token: str, lease: float, permits: int, waiter: str | None = None, front: bool = False
-    ) -> AcquireResult:
-        """Take one of the ``permits`` permits of semaphore ``key`` for ``lease`` seconds, each
-        permit with a lease of its own; a permit whose lease ended is free again. When the
-        semaphore has another number of permits, nothing happens and ``permits`` says how
-        many. Waiters queue as for :meth:`acquire`."""
-        ...
-
-    def sem_release(self, key: str, token: str) -> ReleaseResult:
-        """Give the permit back (``RELEASED``) and wake the next waiter, or ``NOT_OWNER``."""
-        ...
-
-    def sem_reenter(self, key: str, token: str) -> AcquireResult:
-        """Whether ``token`` still holds a permit of ``key`` (re-entry holds are counted by
-        the client)."""
-        ...
-
-    def sem_state(self, key: str, permits: int | None = None) -> tuple[int | None, int]:
-        """``(permits, in use)``, after setting the permits to ``permits`` if given."""
-        ...
-
-    def rw_acquire(
-        self, key: str, token: str, lease: float, mode: str, waiter: str | None = None, below: str = ""
-    ) -> AcquireResult:
-        """Take read-write lock ``key`` for ``mode`` (``"read"``: shared, ``"write"``:
-        exclusive) for ``lease`` seconds. ``below``: the token of the write lock the caller
-        holds (a reader may downgrade). A waiting writer (one with ``waiter``) keeps new
-        readers out. Waiters queue for a wake-up."""
-        ...
-
-    def rw_release(self, key: str, token: str, mode: str) -> ReleaseResult:
-        """Give back a ``mode`` hold (``RELEASED``, waking waiters when the lock may be free
-        for them) or ``NOT_OWNER``."""
-        ...
-
-    def rw_held(self, key: str, token: str, mode: str) -> AcquireResult:
-        """Whether ``token`` still holds ``key`` in ``mode`` (re-entry)."""
-        ...
-
-    def reenter(self, key: str, token: str) -> AcquireResult:
-        """Add a hold for ``token`` if it still owns ``key``; ``acquired=False`` if not.
-        Never takes a free lock and never changes the lease."""
-        ...
-
-    def release(self, key: str, token: str, fair: bool = False) -> ReleaseResult:
-        """Drop one hold of ``token``; at zero delete the lock and wake the next waiter (of
-        the fair lock's queue with ``fair``)."""
-        ...
-
-    def renew(self, leases: Sequence[RenewItem]) -> Sequence[bool | float | None]:
-        """Extend many :data:`RenewItem` in one round trip; one status per item, in order:
-        ``True`` renewed, ``False`` not ours any more (gone, another owner, or a value the
-        store did not get from lockaspect written over the key), ``None`` not decided: this
-        item's renewal failed on its own (an error reply for the part of the batch that
-        carried it, such as a refusal for memory) and should be retried; the other items'
-        statuses stand. Raises :class:`~lockaspect.BackendError` only when the round trip
-        as a whole failed (the connection, a timeout)."""
+    def waiter_id(self, listens: bool) -> str:
+        """A fresh id for a waiter with a queue place of its own (fair, read-write and
+        multi-key waiters); ``listens``: it will hear release messages (the store may hand a
+        free lock to a waiter that does not listen differently)."""
         ...
 
     def notifier(self) -> Notifier | None:
-        """A notifier for release messages, or ``None`` without RELEASE_NOTIFY."""
+        """The shared notifier for release messages, or ``None`` without RELEASE_NOTIFY."""
+        ...
+
+    def wait_for_replicas(self, replicas: int, timeout: float) -> None:
+        """From now on, follow every acquisition with a wait for ``replicas`` replicas (at most
+        ``timeout`` seconds) and report the count in :attr:`AcquireResult.replicas`. Raises
+        :class:`~lockaspect.ConfigurationError` without REPLICAS or for values the store
+        cannot honour (a timeout its connections would not wait for)."""
+        ...
+
+    def asyncio_twin(self) -> AsyncStore:
+        """A store on the same server and namespace for the running event loop (connections
+        belong to one loop); :class:`~lockaspect.ConfigurationError` if it cannot make one."""
+        ...
+
+    def threads(self) -> list[threading.Thread]:
+        """The threads the store started (a notifier's reader, a session keeper)."""
+        ...
+
+    def reset_after_fork(self) -> None:
+        """In a forked child: forget what belongs to the parent (threads, connections in use)."""
         ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class AsyncStore(Protocol):
+    """:class:`Store` for one event loop: the same operations, awaited."""
+
+    capabilities: Capability
+    kinds: frozenset[str]
+
+    async def acquire(self, request: AcquireRequest) -> AcquireResult: ...
+
+    async def release(self, key: str, token: str, kind: str = "lock") -> ReleaseResult: ...
+
+    async def reenter(self, key: str, token: str, kind: str = "lock") -> bool: ...
+
+    async def renew(self, leases: Sequence[RenewItem]) -> Sequence[RenewStatus]: ...
+
+    async def unqueue(self, key: str, waiter: str, kind: str = "lock") -> None: ...
+
+    def waiter_id(self, listens: bool) -> str: ...
+
+    def notifier(self) -> AsyncNotifier | None: ...
+
+    async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class AdminStore(Protocol):
+    """The optional operator part of a store: look at keys, set permits, force a release."""
+
+    def describe(self, key: str) -> list[KeyState]:
+        """What the store holds under ``key``: one entry per kind held there (empty: free)."""
+        ...
+
+    def held_keys(self, pattern: str = "*") -> Iterator[str]:
+        """The keys held now whose name matches the glob ``pattern`` (incrementally)."""
+        ...
+
+    def force_release(self, key: str) -> bool:
+        """Delete every hold of ``key`` whoever holds it, waking waiters (fencing state is
+        kept, so tokens stay increasing); whether anything was held."""
+        ...
+
+    def permits(self, key: str, set_to: int | None = None) -> tuple[int | None, int]:
+        """``(permits, in use)`` of semaphore ``key``, after setting its permits to ``set_to``
+        if given (``None`` permits: never set)."""
+        ...

@@ -50,7 +50,7 @@ from .._policy import FAIR_GONE_AFTER, FAIR_SUBSCRIBE_GRACE
 from .._wakeup import Wakeup
 from ..errors import BackendError, ConfigurationError
 from ._channels import ChannelTable
-from .base import AcquireResult, Capability, MultiAcquireResult, ReleaseResult, RenewItem
+from .base import AcquireRequest, AcquireResult, Capability, ReleaseResult, RenewItem
 
 __all__ = ["LuaScript", "RedisBackend", "RedisNotifier", "load_script", "map_redis_error"]
 
@@ -589,7 +589,21 @@ class _RedisLocks:
     redis-py's Lock caches scripts on the class, bound to whichever client registered them
     first), the key layout, and how requests are encoded and replies decoded. No I/O."""
 
-    capabilities = Capability.RENEWABLE | Capability.BATCH_RENEW | Capability.RELEASE_NOTIFY | Capability.FENCING
+    capabilities = (
+        Capability.RENEWABLE
+        | Capability.BATCH_RENEW
+        | Capability.RELEASE_NOTIFY
+        | Capability.FENCING
+        | Capability.MULTI_KEY
+        | Capability.REPLICAS
+    )
+    kinds = frozenset({"lock", "fair", "semaphore", "read", "write"})
+
+    @staticmethod
+    def waiter_id(listens: bool) -> str:
+        """A waiter id with a queue place of its own; ids of waiters that will not listen for
+        wake-ups start with "p" (release.lua hands them a free lock without a message)."""
+        return ("n" if listens else "p") + os.urandom(8).hex()
 
     def __init__(self, namespace: str) -> None:
         if "{" in namespace or "}" in namespace:
@@ -631,7 +645,16 @@ class _RedisLocks:
     def wait_for_replicas(self, replicas: int, timeout: float) -> None:
         """Send ``WAIT replicas timeout`` behind every acquire attempt, in the same write and
         on the same connection, and report in :attr:`AcquireResult.replicas` how many
-        replicas confirmed an acquisition (the core decides what too few means)."""
+        replicas confirmed an acquisition (the core decides what too few means). The timeout
+        must be shorter than the connections' socket timeout (``WAIT`` blocks the read)."""
+        redis_client: Any = getattr(self, "redis", None)
+        options = getattr(getattr(redis_client, "connection_pool", None), "connection_kwargs", {})
+        socket_timeout = options.get("socket_timeout")
+        if socket_timeout is not None and timeout >= socket_timeout:
+            raise ConfigurationError(
+                f"wait_replicas: the timeout ({timeout:g}s) must be shorter than the socket timeout "
+                f"({socket_timeout:g}s), or the WAIT reply would time out the connection"
+            )
         self._wait_command = (b"WAIT", b"%d" % replicas, b"%d" % _ms(timeout))
 
     @staticmethod
@@ -669,7 +692,7 @@ class _RedisLocks:
     def _sem_acquired(reply: list[int]) -> AcquireResult:
         status, value = int(reply[0]), int(reply[1])
         if status == 1:
-            return AcquireResult(True, value, 1)
+            return AcquireResult(True, value)
         if status == 0:
             # -1: nothing will free up by itself (a foreign value without expiry, no permits)
             return AcquireResult(False, holder_ttl=None if value < 0 else value / 1000.0)
@@ -685,11 +708,12 @@ class _RedisLocks:
         return tuple(packed), (token.encode(), b"%d" % _ms(lease), (waiter or "").encode())
 
     @staticmethod
-    def _multi_acquired(keys: Sequence[str], reply: list[int]) -> MultiAcquireResult:
+    def _multi_acquired(keys: Sequence[str], reply: list[int]) -> AcquireResult:
         if int(reply[0]) == 1:
-            return MultiAcquireResult(True, tuple(int(fence) for fence in reply[1:]))
+            fences = tuple(int(fence) for fence in reply[1:])
+            return AcquireResult(True, fences[0], fencing_tokens=fences)
         ttl = int(reply[2])
-        return MultiAcquireResult(False, busy=keys[int(reply[1]) - 1], holder_ttl=None if ttl < 0 else ttl / 1000.0)
+        return AcquireResult(False, holder_ttl=None if ttl < 0 else ttl / 1000.0, busy=keys[int(reply[1]) - 1])
 
     @staticmethod
     def _sem_state(reply: list[int]) -> tuple[int | None, int]:
@@ -781,12 +805,12 @@ class _RedisLocks:
     @staticmethod
     def _acquired(reply: int) -> AcquireResult:
         if reply > 0:
-            return AcquireResult(True, reply, 1)
+            return AcquireResult(True, reply)
         return AcquireResult(False, holder_ttl=(-reply - 1) / 1000.0 if reply < 0 else None)
 
     @staticmethod
-    def _reentered(holds: int) -> AcquireResult:
-        return AcquireResult(holds > 0, 0, holds)
+    def _reentered(holds: int) -> bool:
+        return bool(holds > 0)
 
     def _renew_chunks(self, leases: Sequence[RenewItem]) -> list[_RenewChunk]:
         """``leases`` as script calls of at most :data:`RENEW_CHUNK` items each: locks and
@@ -925,7 +949,7 @@ class RedisBackend(_RedisLocks):
         twin._wait_command = self._wait_command
         return twin
 
-    def acquire(
+    def lock_acquire(
         self,
         key: str,
         token: str,
@@ -946,6 +970,18 @@ class RedisBackend(_RedisLocks):
             raise map_redis_error(exc, key, "acquire") from exc
         return self._acquired(reply)
 
+    def acquire(self, request: AcquireRequest) -> AcquireResult:
+        result: AcquireResult = _ACQUIRE[request.kind](self, request)
+        return result
+
+    def release(self, key: str, token: str, kind: str = "lock") -> ReleaseResult:
+        result: ReleaseResult = _RELEASE[kind](self, key, token)
+        return result
+
+    def reenter(self, key: str, token: str, kind: str = "lock") -> bool:
+        held: bool = _REENTER[kind](self, key, token)
+        return held
+
     def unqueue(self, key: str, waiter: str, kind: str = "lock") -> None:
         """Take ``waiter`` off ``key``'s waiter queue (it stopped waiting)."""
         keys, args = self._unqueue_request(self._lock(key), waiter, kind)
@@ -954,9 +990,7 @@ class RedisBackend(_RedisLocks):
         except RedisError as exc:
             raise map_redis_error(exc, key, "unqueue") from exc
 
-    def multi_acquire(
-        self, keys: Sequence[str], token: str, lease: float, waiter: str | None = None
-    ) -> MultiAcquireResult:
+    def multi_acquire(self, keys: Sequence[str], token: str, lease: float, waiter: str | None = None) -> AcquireResult:
         """Take every lock of ``keys`` for ``token``, all at once or none (multi_acquire.lua)."""
         packed, args = self._multi_request(keys, token, lease, waiter)
         undo = self._multi_undo(keys, token)
@@ -993,21 +1027,21 @@ class RedisBackend(_RedisLocks):
             raise map_redis_error(exc, key, "release") from exc
         return _RELEASE_CODES[code]
 
-    def sem_reenter(self, key: str, token: str) -> AcquireResult:
+    def sem_reenter(self, key: str, token: str) -> bool:
         try:
             held = self._sem_reenter.run(self._wire, self.redis, (self._lock(key) + b":sem",), (token.encode(),))
         except RedisError as exc:
             raise map_redis_error(exc, key, "re-enter") from exc
-        return AcquireResult(bool(held), 0, 2 if held else 0)
+        return bool(held)
 
-    def sem_state(self, key: str, permits: int | None = None) -> tuple[int | None, int]:
+    def permits(self, key: str, set_to: int | None = None) -> tuple[int | None, int]:
         """``(permits, in use)`` of semaphore ``key``, after setting its permits to
-        ``permits`` if given (``None`` permits: never set)."""
-        keys, args = self._sem_set_request(key, permits)
+        ``set_to`` if given (``None`` permits: never set)."""
+        keys, args = self._sem_set_request(key, set_to)
         try:
             return self._sem_state(self._sem_set.run(self._wire, self.redis, keys, args))
         except RedisError as exc:
-            raise map_redis_error(exc, key, "set_permits" if permits is not None else "permits") from exc
+            raise map_redis_error(exc, key, "set_permits" if set_to is not None else "permits") from exc
 
     def rw_acquire(
         self, key: str, token: str, lease: float, mode: str, waiter: str | None = None, below: str = ""
@@ -1030,22 +1064,22 @@ class RedisBackend(_RedisLocks):
             raise map_redis_error(exc, key, "release") from exc
         return _RELEASE_CODES[code]
 
-    def rw_held(self, key: str, token: str, mode: str) -> AcquireResult:
+    def rw_held(self, key: str, token: str, mode: str) -> bool:
         keys, args = self._rw_release_request(key, token, mode)
         try:
             held = self._rw_held.run(self._wire, self.redis, keys[:2], args[:2])
         except RedisError as exc:
             raise map_redis_error(exc, key, "re-enter") from exc
-        return AcquireResult(bool(held), 0, 2 if held else 0)
+        return bool(held)
 
-    def reenter(self, key: str, token: str) -> AcquireResult:
+    def lock_reenter(self, key: str, token: str) -> bool:
         try:
             holds = self._reenter.run(self._wire, self.redis, (self._lock(key),), (token.encode(),))
         except RedisError as exc:
             raise map_redis_error(exc, key, "re-enter") from exc
         return self._reentered(holds)
 
-    def release(self, key: str, token: str, fair: bool = False) -> ReleaseResult:
+    def lock_release(self, key: str, token: str, fair: bool = False) -> ReleaseResult:
         keys, args = self._release_request(self._lock(key), token, fair)
         try:
             code = self._release.run(self._wire, self.redis, keys, args)
@@ -1098,7 +1132,7 @@ class RedisBackend(_RedisLocks):
         self.redis.close()
         self.redis.connection_pool.disconnect()
 
-    def _reset_after_fork(self) -> None:
+    def reset_after_fork(self) -> None:
         # redis-py's pool notices the new pid by itself; the subscriber thread did not
         # survive the fork, so forget it and start a fresh one on demand.
         self._notifier = None
@@ -1117,6 +1151,34 @@ _FAIR_GRACE_MS = b"%d" % _ms(FAIR_SUBSCRIBE_GRACE)
 
 
 _RELEASE_CODES = {code.value: code for code in ReleaseResult}
+
+# The operation tables: which script-level call serves each kind (the same names on both
+# twins; on the async twin each returns a coroutine).
+_ACQUIRE: dict[str, Callable[[Any, AcquireRequest], Any]] = {
+    "lock": lambda s, r: (
+        s.lock_acquire(r.keys[0], r.token, r.lease, r.waiter, r.front)
+        if len(r.keys) == 1
+        else s.multi_acquire(r.keys, r.token, r.lease, r.waiter)
+    ),
+    "fair": lambda s, r: s.lock_acquire(r.keys[0], r.token, r.lease, r.waiter, False, True),
+    "semaphore": lambda s, r: s.sem_acquire(r.keys[0], r.token, r.lease, r.permits, r.waiter, r.front),
+    "read": lambda s, r: s.rw_acquire(r.keys[0], r.token, r.lease, "read", r.waiter, r.below),
+    "write": lambda s, r: s.rw_acquire(r.keys[0], r.token, r.lease, "write", r.waiter, r.below),
+}
+_RELEASE: dict[str, Callable[[Any, str, str], Any]] = {
+    "lock": lambda s, key, token: s.lock_release(key, token),
+    "fair": lambda s, key, token: s.lock_release(key, token, True),
+    "semaphore": lambda s, key, token: s.sem_release(key, token),
+    "read": lambda s, key, token: s.rw_release(key, token, "read"),
+    "write": lambda s, key, token: s.rw_release(key, token, "write"),
+}
+_REENTER: dict[str, Callable[[Any, str, str], Any]] = {
+    "lock": lambda s, key, token: s.lock_reenter(key, token),
+    "fair": lambda s, key, token: s.lock_reenter(key, token),
+    "semaphore": lambda s, key, token: s.sem_reenter(key, token),
+    "read": lambda s, key, token: s.rw_held(key, token, "read"),
+    "write": lambda s, key, token: s.rw_held(key, token, "write"),
+}
 
 
 # -- release notifications ----------------------------------------------------------------
@@ -1617,7 +1679,7 @@ class AsyncRedisBackend(_RedisLocks):
     def from_url(cls, url: str, *, namespace: str = "lockaspect:", **options: Any) -> AsyncRedisBackend:
         return cls(no_retry_async_client(url, **options), namespace=namespace)
 
-    async def acquire(
+    async def lock_acquire(
         self,
         key: str,
         token: str,
@@ -1640,6 +1702,18 @@ class AsyncRedisBackend(_RedisLocks):
             raise map_redis_error(exc, key, "acquire") from exc
         return self._acquired(reply)
 
+    async def acquire(self, request: AcquireRequest) -> AcquireResult:
+        result: AcquireResult = await _ACQUIRE[request.kind](self, request)
+        return result
+
+    async def release(self, key: str, token: str, kind: str = "lock") -> ReleaseResult:
+        result: ReleaseResult = await _RELEASE[kind](self, key, token)
+        return result
+
+    async def reenter(self, key: str, token: str, kind: str = "lock") -> bool:
+        held: bool = await _REENTER[kind](self, key, token)
+        return held
+
     async def unqueue(self, key: str, waiter: str, kind: str = "lock") -> None:
         keys, args = self._unqueue_request(self._lock(key), waiter, kind)
         try:
@@ -1649,7 +1723,7 @@ class AsyncRedisBackend(_RedisLocks):
 
     async def multi_acquire(
         self, keys: Sequence[str], token: str, lease: float, waiter: str | None = None
-    ) -> MultiAcquireResult:
+    ) -> AcquireResult:
         packed, args = self._multi_request(keys, token, lease, waiter)
         undo = self._multi_undo(keys, token)
         try:
@@ -1688,20 +1762,20 @@ class AsyncRedisBackend(_RedisLocks):
             raise map_redis_error(exc, key, "release") from exc
         return _RELEASE_CODES[code]
 
-    async def sem_reenter(self, key: str, token: str) -> AcquireResult:
+    async def sem_reenter(self, key: str, token: str) -> bool:
         keys = (self._lock(key) + b":sem",)
         try:
             held = await _run_async(self._sem_reenter, self._wire, self.redis, keys, (token.encode(),))
         except RedisError as exc:
             raise map_redis_error(exc, key, "re-enter") from exc
-        return AcquireResult(bool(held), 0, 2 if held else 0)
+        return bool(held)
 
-    async def sem_state(self, key: str, permits: int | None = None) -> tuple[int | None, int]:
-        keys, args = self._sem_set_request(key, permits)
+    async def permits(self, key: str, set_to: int | None = None) -> tuple[int | None, int]:
+        keys, args = self._sem_set_request(key, set_to)
         try:
             return self._sem_state(await _run_async(self._sem_set, self._wire, self.redis, keys, args))
         except RedisError as exc:
-            raise map_redis_error(exc, key, "set_permits" if permits is not None else "permits") from exc
+            raise map_redis_error(exc, key, "set_permits" if set_to is not None else "permits") from exc
 
     async def rw_acquire(
         self, key: str, token: str, lease: float, mode: str, waiter: str | None = None, below: str = ""
@@ -1726,22 +1800,22 @@ class AsyncRedisBackend(_RedisLocks):
             raise map_redis_error(exc, key, "release") from exc
         return _RELEASE_CODES[code]
 
-    async def rw_held(self, key: str, token: str, mode: str) -> AcquireResult:
+    async def rw_held(self, key: str, token: str, mode: str) -> bool:
         keys, args = self._rw_release_request(key, token, mode)
         try:
             held = await _run_async(self._rw_held, self._wire, self.redis, keys[:2], args[:2])
         except RedisError as exc:
             raise map_redis_error(exc, key, "re-enter") from exc
-        return AcquireResult(bool(held), 0, 2 if held else 0)
+        return bool(held)
 
-    async def reenter(self, key: str, token: str) -> AcquireResult:
+    async def lock_reenter(self, key: str, token: str) -> bool:
         try:
             holds = await _run_async(self._reenter, self._wire, self.redis, (self._lock(key),), (token.encode(),))
         except RedisError as exc:
             raise map_redis_error(exc, key, "re-enter") from exc
         return self._reentered(holds)
 
-    async def release(self, key: str, token: str, fair: bool = False) -> ReleaseResult:
+    async def lock_release(self, key: str, token: str, fair: bool = False) -> ReleaseResult:
         keys, args = self._release_request(self._lock(key), token, fair)
         try:
             code = await _run_async(self._release, self._wire, self.redis, keys, args)

@@ -40,12 +40,13 @@ read-write, multi-key) and ``wait_replicas`` are single-server features.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
 
 from ..errors import BackendError, ConfigurationError
-from .base import AcquireResult, Capability, MultiAcquireResult, ReleaseResult, RenewItem
+from .base import AcquireRequest, AcquireResult, Capability, ReleaseResult, RenewItem
 from .redis import AsyncRedisBackend, RedisBackend
 
 __all__ = ["AsyncRedlockBackend", "RedlockBackend"]
@@ -59,7 +60,9 @@ DRIFT_MIN = 0.002
 class _Quorum:
     """The counting both twins share (no I/O)."""
 
+    # No FENCING: each node counts its own tokens (see docs/concepts/redlock.md).
     capabilities = Capability.RENEWABLE | Capability.BATCH_RENEW
+    kinds = frozenset({"lock"})
 
     def __init__(self, size: int) -> None:
         if size < 3:
@@ -89,7 +92,7 @@ class _Quorum:
             # Each node counts its own fencing tokens: the largest of a majority. Two
             # majorities share a node whose counter grew, but this is not a strict order (see
             # docs/concepts/redlock.md).
-            return AcquireResult(True, max(r.fencing_token for r in granted), 1, valid_for=valid_for)
+            return AcquireResult(True, max(r.fencing_token for r in granted), valid_for=valid_for)
         if reachable < self.quorum:
             raise BackendError(
                 f"RedLock on {key!r}: only {reachable} of {self.size} nodes answered, {self.quorum} are needed",
@@ -107,11 +110,9 @@ class _Quorum:
             raise BackendError(f"RedLock release of {key!r}: only {len(codes)} of {self.size} nodes answered", key=key)
         return ReleaseResult.NOT_OWNER
 
-    def reentered(self, replies: Sequence[AcquireResult | BaseException]) -> AcquireResult:
-        granted = [r for r in replies if isinstance(r, AcquireResult) and r.acquired]
-        if len(granted) >= self.quorum:
-            return AcquireResult(True, 0, max(r.holds for r in granted))
-        return AcquireResult(False)
+    def reentered(self, replies: Sequence[bool | BaseException]) -> bool:
+        """Whether a majority still has the lock for the token (a read-only check)."""
+        return sum(1 for r in replies if r is True) >= self.quorum
 
     def renewed(
         self,
@@ -142,8 +143,18 @@ class _Quorum:
         return statuses
 
     @staticmethod
-    def single_server(what: str) -> ConfigurationError:
-        return ConfigurationError(f"{what} needs a single server: RedLock supports plain locks only")
+    def waiter_id(listens: bool) -> str:
+        """RedLock waiters poll and never queue: no id is ever used."""
+        return ""
+
+    @staticmethod
+    def check(request: AcquireRequest) -> None:
+        """Only plain single-key locks (the client refuses other kinds before any I/O)."""
+        if request.kind != "lock" or len(request.keys) != 1:
+            raise ConfigurationError(
+                "RedLock supports plain single-key locks only (not fair, semaphore, read-write or multi-key)",
+                key=request.keys[0] if request.keys else None,
+            )
 
 
 class RedlockBackend(_Quorum):
@@ -173,6 +184,9 @@ class RedlockBackend(_Quorum):
     def lock_key(self, key: str) -> str:
         return self.nodes[0].lock_key(key)
 
+    def __repr__(self) -> str:
+        return f"<RedLock store over {self.size} nodes>"
+
     @staticmethod
     def _each(calls: Any) -> list[Any]:
         replies: list[Any] = []
@@ -183,19 +197,12 @@ class RedlockBackend(_Quorum):
                 replies.append(exc)
         return replies
 
-    def acquire(
-        self,
-        key: str,
-        token: str,
-        lease: float,
-        waiter: str | None = None,
-        front: bool = False,
-        fair: bool = False,
-    ) -> AcquireResult:
-        if fair:
-            raise self.single_server("a fair lock")
+    def acquire(self, request: AcquireRequest) -> AcquireResult:
+        self.check(request)
+        key, token, lease = request.keys[0], request.token, request.lease
+        single = AcquireRequest("lock", request.keys, token, lease)
         start = time.monotonic()
-        replies = self._each(lambda node=node: node.acquire(key, token, lease) for node in self.nodes)
+        replies = self._each(lambda node=node: node.acquire(single) for node in self.nodes)
         try:
             result = self.acquired(key, lease, time.monotonic() - start, replies)
         except BackendError:
@@ -208,17 +215,11 @@ class RedlockBackend(_Quorum):
     def _release_everywhere(self, key: str, token: str) -> None:
         self._each(lambda node=node: node.release(key, token) for node in self.nodes)
 
-    def release(self, key: str, token: str, fair: bool = False) -> ReleaseResult:
+    def release(self, key: str, token: str, kind: str = "lock") -> ReleaseResult:
         return self.released(key, self._each(lambda node=node: node.release(key, token) for node in self.nodes))
 
-    def reenter(self, key: str, token: str) -> AcquireResult:
-        replies = self._each(lambda node=node: node.reenter(key, token) for node in self.nodes)
-        result = self.reentered(replies)
-        if not result.acquired:  # give back the holds the minority added
-            for node, reply in zip(self.nodes, replies, strict=True):
-                if isinstance(reply, AcquireResult) and reply.acquired:
-                    self._each([lambda node=node: node.release(key, token)])
-        return result
+    def reenter(self, key: str, token: str, kind: str = "lock") -> bool:
+        return self.reentered(self._each(lambda node=node: node.reenter(key, token) for node in self.nodes))
 
     def renew(self, leases: Sequence[RenewItem]) -> list[float | bool | None]:
         """Renew on every node; one ``float | bool | None`` per item (module docstring)."""
@@ -234,42 +235,19 @@ class RedlockBackend(_Quorum):
     def notifier(self) -> None:
         return None
 
-    def multi_acquire(
-        self, keys: Sequence[str], token: str, lease: float, waiter: str | None = None
-    ) -> MultiAcquireResult:
-        raise self.single_server("a multi-key lock")
-
-    def sem_acquire(self, *args: Any, **kwargs: Any) -> AcquireResult:
-        raise self.single_server("a semaphore")
-
-    def sem_release(self, key: str, token: str) -> ReleaseResult:
-        raise self.single_server("a semaphore")
-
-    def sem_reenter(self, key: str, token: str) -> AcquireResult:
-        raise self.single_server("a semaphore")
-
-    def sem_state(self, key: str, permits: int | None = None) -> tuple[int | None, int]:
-        raise self.single_server("a semaphore")
-
-    def rw_acquire(self, *args: Any, **kwargs: Any) -> AcquireResult:
-        raise self.single_server("a read-write lock")
-
-    def rw_release(self, key: str, token: str, mode: str) -> ReleaseResult:
-        raise self.single_server("a read-write lock")
-
-    def rw_held(self, key: str, token: str, mode: str) -> AcquireResult:
-        raise self.single_server("a read-write lock")
-
     def wait_for_replicas(self, replicas: int, timeout: float) -> None:
-        raise self.single_server("wait_replicas")
+        raise ConfigurationError("wait_replicas needs a single server: RedLock nodes are independent masters")
+
+    def threads(self) -> list[threading.Thread]:
+        return [thread for node in self.nodes for thread in node.threads()]
 
     def close(self) -> None:
         for node in self.nodes:
             node.close()
 
-    def _reset_after_fork(self) -> None:
+    def reset_after_fork(self) -> None:
         for node in self.nodes:
-            node._reset_after_fork()
+            node.reset_after_fork()
 
 
 class AsyncRedlockBackend(_Quorum):
@@ -289,19 +267,12 @@ class AsyncRedlockBackend(_Quorum):
 
         return list(await asyncio.gather(*(one(call) for call in calls)))
 
-    async def acquire(
-        self,
-        key: str,
-        token: str,
-        lease: float,
-        waiter: str | None = None,
-        front: bool = False,
-        fair: bool = False,
-    ) -> AcquireResult:
-        if fair:
-            raise self.single_server("a fair lock")
+    async def acquire(self, request: AcquireRequest) -> AcquireResult:
+        self.check(request)
+        key, token, lease = request.keys[0], request.token, request.lease
+        single = AcquireRequest("lock", request.keys, token, lease)
         start = time.monotonic()
-        replies = await self._each(lambda node=node: node.acquire(key, token, lease) for node in self.nodes)
+        replies = await self._each(lambda node=node: node.acquire(single) for node in self.nodes)
         try:
             result = self.acquired(key, lease, time.monotonic() - start, replies)
         except BackendError:
@@ -314,18 +285,11 @@ class AsyncRedlockBackend(_Quorum):
     async def _release_everywhere(self, key: str, token: str) -> None:
         await self._each(lambda node=node: node.release(key, token) for node in self.nodes)
 
-    async def release(self, key: str, token: str, fair: bool = False) -> ReleaseResult:
+    async def release(self, key: str, token: str, kind: str = "lock") -> ReleaseResult:
         return self.released(key, await self._each(lambda node=node: node.release(key, token) for node in self.nodes))
 
-    async def reenter(self, key: str, token: str) -> AcquireResult:
-        replies = await self._each(lambda node=node: node.reenter(key, token) for node in self.nodes)
-        result = self.reentered(replies)
-        if not result.acquired:  # give back the holds the minority added
-            granted = [
-                n for n, r in zip(self.nodes, replies, strict=True) if isinstance(r, AcquireResult) and r.acquired
-            ]
-            await self._each(lambda node=node: node.release(key, token) for node in granted)
-        return result
+    async def reenter(self, key: str, token: str, kind: str = "lock") -> bool:
+        return self.reentered(await self._each(lambda node=node: node.reenter(key, token) for node in self.nodes))
 
     async def renew(self, leases: Sequence[RenewItem]) -> list[float | bool | None]:
         """Renew on every node; one ``float | bool | None`` per item (module docstring)."""
@@ -340,15 +304,6 @@ class AsyncRedlockBackend(_Quorum):
 
     def notifier(self) -> None:
         return None
-
-    async def multi_acquire(self, *args: Any, **kwargs: Any) -> MultiAcquireResult:
-        raise self.single_server("a multi-key lock")
-
-    async def sem_acquire(self, *args: Any, **kwargs: Any) -> AcquireResult:
-        raise self.single_server("a semaphore")
-
-    async def rw_acquire(self, *args: Any, **kwargs: Any) -> AcquireResult:
-        raise self.single_server("a read-write lock")
 
     async def aclose(self) -> None:
         for node in self.nodes:

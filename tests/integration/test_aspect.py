@@ -26,6 +26,7 @@ from lockaspect import (
     current_lease,
     distributed_lock,
 )
+from lockaspect.backends.base import AcquireRequest
 
 HEX32 = re.compile(r"[0-9a-f]{32}")
 
@@ -65,9 +66,9 @@ class Spy:
         self.second_busy = threading.Event()
         real = client.backend.acquire
 
-        def acquire(key: str, token: str, lease: float, waiter: str | None = None, front: bool = False) -> Any:
-            result = real(key, token, lease, waiter, front)
-            self.queued.append((waiter, front))
+        def acquire(request: AcquireRequest) -> Any:
+            result = real(request)
+            self.queued.append((request.waiter, request.front))
             self.attempts += 1
             if self.attempts == 2 and not result.acquired:
                 self.second_busy.set()

@@ -565,11 +565,9 @@ class TestBusyLock:
             backend = plain._loop_state().backend
             real = backend.acquire
 
-            async def acquire(
-                key: str, token: str, lease: float, waiter: str | None = None, front: bool = False
-            ) -> Any:
-                result = await real(key, token, lease, waiter, front)
-                attempts.append((result.acquired, waiter, front))
+            async def acquire(request: Any) -> Any:
+                result = await real(request)
+                attempts.append((result.acquired, request.waiter, request.front))
                 return result
 
             backend.acquire = acquire

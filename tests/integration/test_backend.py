@@ -110,9 +110,8 @@ class TestAcquire:
         fences = []
         for _ in range(3):
             owner = token()
-            result = backend.acquire("order:1", owner, LONG)
+            result = backend.lock_acquire("order:1", owner, LONG)
             assert result.acquired
-            assert result.holds == 1
             fences.append(result.fencing_token)
             assert backend.release("order:1", owner) is ReleaseResult.RELEASED
         assert fences == [fences[0], fences[0] + 1, fences[0] + 2]
@@ -121,12 +120,12 @@ class TestAcquire:
         self, backend: RedisBackend, server_raw: Any, expirations: Any
     ) -> None:
         """A lock that expired (was never released) does not reset its key's fence counter."""
-        first = backend.acquire("order:2", token(), 0.001)
+        first = backend.lock_acquire("order:2", token(), 0.001)
         assert first.acquired
         assert await_message(expirations) == ("__keyevent@0__:expired", backend.lock_key("order:2").encode())
         assert not server_raw.exists(backend.lock_key("order:2"))
 
-        second = backend.acquire("order:2", token(), LONG)
+        second = backend.lock_acquire("order:2", token(), LONG)
         assert second.acquired
         assert second.fencing_token > first.fencing_token
         assert second.fencing_token == first.fencing_token + 1
@@ -136,12 +135,12 @@ class TestAcquire:
         counts re-entries), no new fence, the TTL left alone."""
         owner = token()
         lock = backend.lock_key("order:3")
-        fence = backend.acquire("order:3", owner, LONG).fencing_token
+        fence = backend.lock_acquire("order:3", owner, LONG).fencing_token
         server_raw.pexpire(lock, 5_000)
 
-        again = backend.reenter("order:3", owner)
-        assert again.acquired
-        assert backend.reenter("order:3", owner).acquired
+        again = backend.lock_reenter("order:3", owner)
+        assert again
+        assert backend.lock_reenter("order:3", owner)
 
         assert server_raw.hget(lock, owner) == b"1"
         assert server_raw.hget(lock, "fence") == str(fence).encode()
@@ -151,13 +150,13 @@ class TestAcquire:
     def test_reentry_never_takes_a_foreign_or_free_lock(self, backend: RedisBackend, server_raw: Any) -> None:
         """Re-entry with a token that holds nothing fails and writes nothing."""
         holder = token()
-        fence = backend.acquire("order:4", holder, LONG).fencing_token
-        foreign = backend.reenter("order:4", token())
-        assert not foreign.acquired
+        fence = backend.lock_acquire("order:4", holder, LONG).fencing_token
+        foreign = backend.lock_reenter("order:4", token())
+        assert not foreign
         assert server_raw.hgetall(backend.lock_key("order:4")) == {holder.encode(): b"1", b"fence": str(fence).encode()}
 
-        free = backend.reenter("order:5", token())
-        assert not free.acquired
+        free = backend.lock_reenter("order:5", token())
+        assert not free
         assert not server_raw.exists(backend.lock_key("order:5"), backend.fence_key("order:5"))
 
     def test_repeated_first_acquire_with_the_same_token_adds_no_hold(
@@ -165,11 +164,10 @@ class TestAcquire:
     ) -> None:
         """A retried first acquisition is answered again with the same fence and one hold."""
         owner = token()
-        first = backend.acquire("order:6", owner, LONG)
-        retry = backend.acquire("order:6", owner, LONG)
+        first = backend.lock_acquire("order:6", owner, LONG)
+        retry = backend.lock_acquire("order:6", owner, LONG)
         assert retry.acquired
         assert retry.fencing_token == first.fencing_token
-        assert retry.holds == 1
         assert server_raw.hget(backend.lock_key("order:6"), owner) == b"1"
         assert server_raw.get(backend.fence_key("order:6")) == str(first.fencing_token).encode()
         assert backend.release("order:6", owner) is ReleaseResult.RELEASED
@@ -177,8 +175,8 @@ class TestAcquire:
     def test_busy_lock_returns_the_holders_pttl(self, backend: RedisBackend, server_raw: Any) -> None:
         """A busy lock is not taken, costs no fence, and reports the holder's remaining lease."""
         holder = token()
-        fence = backend.acquire("order:7", holder, 10.0).fencing_token
-        busy = backend.acquire("order:7", token(), LONG)
+        fence = backend.lock_acquire("order:7", holder, 10.0).fencing_token
+        busy = backend.lock_acquire("order:7", token(), LONG)
         assert not busy.acquired
         assert busy.fencing_token == 0
         assert busy.holder_ttl is not None
@@ -188,9 +186,9 @@ class TestAcquire:
 
     def test_busy_lock_without_expiry_reports_no_ttl(self, backend: RedisBackend, server_raw: Any) -> None:
         """A lock whose TTL was removed by hand is busy with an unknown holder TTL."""
-        backend.acquire("order:8", token(), 10.0)
+        backend.lock_acquire("order:8", token(), 10.0)
         server_raw.persist(backend.lock_key("order:8"))
-        busy = backend.acquire("order:8", token(), LONG)
+        busy = backend.lock_acquire("order:8", token(), LONG)
         assert not busy.acquired
         assert busy.holder_ttl is None
 
@@ -201,11 +199,11 @@ class TestFenceCounterLoss:
         tokens = []
         for _ in range(3):
             owner = token()
-            tokens.append(backend.acquire("fenced", owner, LONG).fencing_token)
+            tokens.append(backend.lock_acquire("fenced", owner, LONG).fencing_token)
             backend.release("fenced", owner)
         server_raw.delete(backend.fence_key("fenced"))
         owner = token()
-        after = backend.acquire("fenced", owner, LONG).fencing_token
+        after = backend.lock_acquire("fenced", owner, LONG).fencing_token
         assert after > max(tokens)
 
     @pytest.mark.slow
@@ -214,12 +212,12 @@ class TestFenceCounterLoss:
         backend = RedisBackend.from_url(fresh_server.url, namespace="restart:")
         try:
             owner = token()
-            before = backend.acquire("ledger", owner, LONG).fencing_token
+            before = backend.lock_acquire("ledger", owner, LONG).fencing_token
             backend.release("ledger", owner)
             fresh_server.kill()
             fresh_server.restart()
             assert backend.redis.exists(backend.fence_key("ledger")) == 0  # the counter is gone
-            after = backend.acquire("ledger", token(), LONG).fencing_token
+            after = backend.lock_acquire("ledger", token(), LONG).fencing_token
             assert after > before
         finally:
             backend.close()
@@ -231,12 +229,12 @@ class TestDroppedConnections:
     ) -> None:
         """After the server kills the backend's kept connections, the next commands still succeed."""
         owner = token()
-        assert backend.acquire("dropped", owner, LONG).acquired
+        assert backend.lock_acquire("dropped", owner, LONG).acquired
         killed = server_raw.client_kill_filter(_type="normal", skipme=True)
         assert killed >= 1
         assert backend.release("dropped", owner) is ReleaseResult.RELEASED
         again = token()
-        assert backend.acquire("dropped", again, LONG).acquired
+        assert backend.lock_acquire("dropped", again, LONG).acquired
         assert backend.release("dropped", again) is ReleaseResult.RELEASED
 
 
@@ -245,8 +243,8 @@ class TestRelease:
         """Release answers RELEASED (also after re-entry checks: the store keeps one hold per owner), NOT_OWNER
         after."""
         owner = token()
-        fence = backend.acquire("order:10", owner, LONG).fencing_token
-        backend.reenter("order:10", owner)
+        fence = backend.lock_acquire("order:10", owner, LONG).fencing_token
+        backend.lock_reenter("order:10", owner)
         assert backend.release("order:10", owner) is ReleaseResult.RELEASED
         assert not server_raw.exists(backend.lock_key("order:10"))
         assert server_raw.get(backend.fence_key("order:10")) == str(fence).encode()
@@ -256,7 +254,7 @@ class TestRelease:
         """A token that does not own the lock cannot release or extend it; the owner's lock is untouched."""
         owner, thief = token(), token()
         lock = backend.lock_key("order:11")
-        backend.acquire("order:11", owner, 10.0)
+        backend.lock_acquire("order:11", owner, 10.0)
         before = server_raw.hgetall(lock)
 
         assert backend.release("order:11", thief) is ReleaseResult.NOT_OWNER
@@ -275,10 +273,10 @@ class TestRelease:
         pubsub = server_raw.pubsub(ignore_subscribe_messages=True)
         try:
             pubsub.subscribe(first, second)
-            backend.acquire("order:12", owner, LONG)
-            assert not backend.acquire("order:12", token(), LONG, waiter="first").acquired
-            assert not backend.acquire("order:12", token(), LONG, waiter="second").acquired
-            backend.reenter("order:12", owner)  # a check: it publishes nothing
+            backend.lock_acquire("order:12", owner, LONG)
+            assert not backend.lock_acquire("order:12", token(), LONG, waiter="first").acquired
+            assert not backend.lock_acquire("order:12", token(), LONG, waiter="second").acquired
+            backend.lock_reenter("order:12", owner)  # a check: it publishes nothing
             assert server_raw.lrange(backend.queue_key("order:12"), 0, -1) == [b"first", b"second"]
             # Messages on one connection arrive in publish order: had the re-entry check
             # published, its message would come before this marker.
@@ -299,8 +297,8 @@ class TestRelease:
         try:
             pubsub.psubscribe(backend.wake_channel("order:13", "*"))
             marker = backend.wake_channel("order:13", "marker")
-            backend.acquire("order:13", owner, LONG)
-            assert not backend.acquire("order:13", token(), LONG).acquired  # no waiter id: not queued
+            backend.lock_acquire("order:13", owner, LONG)
+            assert not backend.lock_acquire("order:13", token(), LONG).acquired  # no waiter id: not queued
             assert not server_raw.exists(backend.queue_key("order:13"))
             assert backend.release("order:13", owner) is ReleaseResult.RELEASED
             server_raw.publish(marker, "marker")
@@ -314,43 +312,43 @@ class TestWaiterQueue:
         self, backend: RedisBackend, server_raw: Any
     ) -> None:
         """A busy attempt with a waiter id appends it to the lock's queue, once however often it retries."""
-        backend.acquire("q:1", token(), LONG)
+        backend.lock_acquire("q:1", token(), LONG)
         for waiter in ["a", "b", "a", "c", "b"]:
-            busy = backend.acquire("q:1", token(), LONG, waiter=waiter)
+            busy = backend.lock_acquire("q:1", token(), LONG, waiter=waiter)
             assert not busy.acquired
             assert busy.holder_ttl is not None
         assert server_raw.lrange(backend.queue_key("q:1"), 0, -1) == [b"a", b"b", b"c"]
 
     def test_front_puts_a_woken_waiter_back_at_the_head(self, backend: RedisBackend, server_raw: Any) -> None:
         """A busy attempt with ``front`` queues the waiter first; an id already queued keeps its place."""
-        backend.acquire("q:2", token(), LONG)
-        backend.acquire("q:2", token(), LONG, waiter="a")
-        backend.acquire("q:2", token(), LONG, waiter="b")
-        backend.acquire("q:2", token(), LONG, waiter="woken", front=True)
-        backend.acquire("q:2", token(), LONG, waiter="b", front=True)
+        backend.lock_acquire("q:2", token(), LONG)
+        backend.lock_acquire("q:2", token(), LONG, waiter="a")
+        backend.lock_acquire("q:2", token(), LONG, waiter="b")
+        backend.lock_acquire("q:2", token(), LONG, waiter="woken", front=True)
+        backend.lock_acquire("q:2", token(), LONG, waiter="b", front=True)
         assert server_raw.lrange(backend.queue_key("q:2"), 0, -1) == [b"woken", b"a", b"b"]
 
     def test_successful_acquire_takes_the_waiter_off_the_queue(self, backend: RedisBackend, server_raw: Any) -> None:
         """A waiter that gets the lock leaves the queue; the other waiters keep their order."""
         holder = token()
-        backend.acquire("q:3", holder, LONG)
+        backend.lock_acquire("q:3", holder, LONG)
         for waiter in ["a", "b", "c"]:
-            backend.acquire("q:3", token(), LONG, waiter=waiter)
+            backend.lock_acquire("q:3", token(), LONG, waiter=waiter)
         server_raw.delete(backend.lock_key("q:3"))  # the holder's lease ran out: no release, no wake-up
-        assert backend.acquire("q:3", token(), LONG, waiter="b").acquired
+        assert backend.lock_acquire("q:3", token(), LONG, waiter="b").acquired
         assert server_raw.lrange(backend.queue_key("q:3"), 0, -1) == [b"a", b"c"]
 
     def test_attempt_without_a_waiter_id_leaves_the_queue_alone(self, backend: RedisBackend, server_raw: Any) -> None:
         """Busy or successful attempts without a waiter id (wait=0, polling) neither create nor change the queue."""
         holder = token()
-        backend.acquire("q:4", holder, LONG)
-        backend.acquire("q:4", token(), LONG)
+        backend.lock_acquire("q:4", holder, LONG)
+        backend.lock_acquire("q:4", token(), LONG)
         assert not server_raw.exists(backend.queue_key("q:4"))
-        backend.acquire("q:4", token(), LONG, waiter="a")
-        backend.acquire("q:4", token(), LONG)
+        backend.lock_acquire("q:4", token(), LONG, waiter="a")
+        backend.lock_acquire("q:4", token(), LONG)
         backend.release("q:4", holder)
         server_raw.rpush(backend.queue_key("q:4"), "b")
-        assert backend.acquire("q:4", token(), LONG).acquired
+        assert backend.lock_acquire("q:4", token(), LONG).acquired
         assert server_raw.lrange(backend.queue_key("q:4"), 0, -1) == [b"b"]
 
     def test_queue_expires_and_every_busy_attempt_renews_its_expiry(
@@ -358,19 +356,19 @@ class TestWaiterQueue:
     ) -> None:
         """The queue carries a TTL of at most 60 s (waiters that died leave no key forever); each re-queue renews it."""
         queue = backend.queue_key("q:5")
-        backend.acquire("q:5", token(), LONG)
-        backend.acquire("q:5", token(), LONG, waiter="a")
+        backend.lock_acquire("q:5", token(), LONG)
+        backend.lock_acquire("q:5", token(), LONG, waiter="a")
         assert 0 < server_raw.pttl(queue) <= 60_000
         server_raw.pexpire(queue, 1_000)
-        backend.acquire("q:5", token(), LONG, waiter="a")  # already queued: still renews the expiry
+        backend.lock_acquire("q:5", token(), LONG, waiter="a")  # already queued: still renews the expiry
         assert 1_000 < server_raw.pttl(queue) <= 60_000
 
     def test_unqueue_removes_only_that_waiter(self, backend: RedisBackend, server_raw: Any) -> None:
         """``unqueue`` takes one waiter off the queue, is a no-op for an id not queued, and removes the emptied key."""
         queue = backend.queue_key("q:6")
-        backend.acquire("q:6", token(), LONG)
-        backend.acquire("q:6", token(), LONG, waiter="a")
-        backend.acquire("q:6", token(), LONG, waiter="b")
+        backend.lock_acquire("q:6", token(), LONG)
+        backend.lock_acquire("q:6", token(), LONG, waiter="a")
+        backend.lock_acquire("q:6", token(), LONG, waiter="b")
         backend.unqueue("q:6", "a")
         assert server_raw.lrange(queue, 0, -1) == [b"b"]
         backend.unqueue("q:6", "nobody")
@@ -386,10 +384,10 @@ class TestWaiterQueue:
         pubsub = server_raw.pubsub(ignore_subscribe_messages=True)
         try:
             pubsub.subscribe(live)
-            backend.acquire("q:7", owner, LONG)
+            backend.lock_acquire("q:7", owner, LONG)
             server_raw.rpush(backend.queue_key("q:7"), "dead:1", "dead:2")
-            backend.acquire("q:7", token(), LONG, waiter="live")
-            backend.acquire("q:7", token(), LONG, waiter="behind")
+            backend.lock_acquire("q:7", token(), LONG, waiter="live")
+            backend.lock_acquire("q:7", token(), LONG, waiter="behind")
             assert backend.release("q:7", owner) is ReleaseResult.RELEASED
             assert await_message(pubsub) == (live, b"released")
             assert server_raw.lrange(backend.queue_key("q:7"), 0, -1) == [b"behind"]
@@ -403,9 +401,9 @@ class TestWaiterQueue:
         pubsub = server_raw.pubsub(ignore_subscribe_messages=True)
         try:
             pubsub.subscribe(live)
-            backend.acquire("q:8", owner, LONG)
+            backend.lock_acquire("q:8", owner, LONG)
             server_raw.rpush(backend.queue_key("q:8"), *[f"dead:{n}" for n in range(17)])
-            backend.acquire("q:8", token(), LONG, waiter="live")
+            backend.lock_acquire("q:8", token(), LONG, waiter="live")
             assert backend.release("q:8", owner) is ReleaseResult.RELEASED
             server_raw.publish(live, "marker")
             assert await_message(pubsub) == (live, b"marker")
@@ -420,15 +418,15 @@ class TestWaiterQueue:
         backend = RedisBackend.from_url(f"redis://nopubsub:pw@127.0.0.1:{fresh_server.port}/0", namespace="acl:")
         try:
             owner = token()
-            backend.acquire("q:9", owner, LONG)
-            backend.acquire("q:9", token(), LONG, waiter="a")
-            backend.acquire("q:9", token(), LONG, waiter="b")
+            backend.lock_acquire("q:9", owner, LONG)
+            backend.lock_acquire("q:9", token(), LONG, waiter="a")
+            backend.lock_acquire("q:9", token(), LONG, waiter="b")
             assert backend.release("q:9", owner) is ReleaseResult.RELEASED
             assert not admin.exists(backend.lock_key("q:9"))
             refused = [entry for entry in admin.acl_log() if entry["object"] == "publish"]
             assert sum(int(entry["count"]) for entry in refused) == 1, "the release stops at the first refusal"
             assert admin.lrange(backend.queue_key("q:9"), 0, -1) == [b"b"]
-            assert backend.acquire("q:9", token(), LONG, waiter="b").acquired
+            assert backend.lock_acquire("q:9", token(), LONG, waiter="b").acquired
         finally:
             backend.close()
             admin.close()
@@ -445,9 +443,9 @@ class TestRenew:
             key = f"batch:{i}"
             kind = i % 3
             if kind == 0:  # ours, about to be extended
-                backend.acquire(key, mine, 5.0)
+                backend.lock_acquire(key, mine, 5.0)
             elif kind == 1:  # someone else's
-                backend.acquire(key, theirs, 5.0)
+                backend.lock_acquire(key, theirs, 5.0)
             requests.append((key, mine, 100.0))
             expected.append(kind == 0)
 
@@ -473,7 +471,7 @@ class TestRenew:
         owner = token()
         requests = [(f"rt:{i}", owner, 10.0) for i in range(n)]
         for key, _, _ in requests:
-            backend.acquire(key, owner, 10.0)
+            backend.lock_acquire(key, owner, 10.0)
         backend.renew(requests[:1])  # the script is loaded: no NOSCRIPT retry below
 
         writes = []
@@ -504,10 +502,10 @@ class TestRenew:
 class TestNoScript:
     def test_acquire_recovers_after_script_flush(self, backend: RedisBackend, server_raw: Any) -> None:
         """Acquire reloads its script when the server forgot it."""
-        backend.acquire("ns:warm", token(), LONG)
+        backend.lock_acquire("ns:warm", token(), LONG)
         server_raw.script_flush()
         assert not script_loaded(server_raw, backend._acquire.sha)
-        result = backend.acquire("ns:1", token(), LONG)
+        result = backend.lock_acquire("ns:1", token(), LONG)
         assert result.acquired
         assert result.fencing_token > 0
         assert script_loaded(server_raw, backend._acquire.sha)
@@ -515,7 +513,7 @@ class TestNoScript:
     def test_release_recovers_after_script_flush(self, backend: RedisBackend, server_raw: Any) -> None:
         """Release reloads its script when the server forgot it."""
         owner = token()
-        backend.acquire("ns:2", owner, LONG)
+        backend.lock_acquire("ns:2", owner, LONG)
         server_raw.script_flush()
         assert backend.release("ns:2", owner) is ReleaseResult.RELEASED
         assert not server_raw.exists(backend.lock_key("ns:2"))
@@ -526,7 +524,7 @@ class TestNoScript:
         owner = token()
         requests = [(f"ns:r{i}", owner, 100.0) for i in range(RENEW_CHUNK + 44)]
         for key, _, _ in requests:
-            backend.acquire(key, owner, 5.0)
+            backend.lock_acquire(key, owner, 5.0)
         server_raw.script_flush()
         assert backend.renew(requests) == [True] * len(requests)
         assert server_raw.pttl(backend.lock_key("ns:r0")) > 5_000
@@ -551,8 +549,8 @@ class TestKeyLayout:
         assert len({key_slot(name) for name in names}) == 1
 
         owner = token()
-        backend.acquire(key, owner, LONG)
-        backend.acquire(key, token(), LONG, waiter="w1")
+        backend.lock_acquire(key, owner, LONG)
+        backend.lock_acquire(key, token(), LONG, waiter="w1")
         written = {name.decode() for name in server_raw.scan_iter(match=f"{backend.namespace}*")}
         assert written == {backend.lock_key(key), backend.fence_key(key), backend.queue_key(key)}
         backend.release(key, owner)  # pops w1 (nobody listens), which empties the queue
@@ -563,7 +561,7 @@ class TestKeyLayout:
 def _operations(backend: RedisBackend) -> list[tuple[str, Callable[[], object]]]:
     owner = token()
     return [
-        ("acquire", lambda: backend.acquire("down:1", owner, LONG)),
+        ("acquire", lambda: backend.lock_acquire("down:1", owner, LONG)),
         ("release", lambda: backend.release("down:1", owner)),
         ("renew", lambda: backend.renew([("down:1", owner, LONG), ("down:2", owner, LONG)])),
     ]
@@ -577,7 +575,7 @@ class TestServerFailure:
         """With the server gone, acquire, release and renew raise BackendError from the redis error."""
         backend = RedisBackend.from_url(fresh_server.url, namespace=namespace)
         try:
-            assert backend.acquire("up", token(), LONG).acquired  # a pooled, connected socket
+            assert backend.lock_acquire("up", token(), LONG).acquired  # a pooled, connected socket
             fresh_server.kill()
             for name, operation in _operations(backend):
                 with pytest.raises(BackendError) as exc_info:
@@ -595,7 +593,7 @@ class TestServerFailure:
         """With the server stopped (SIGSTOP), every operation gives up with BackendError after the socket timeout."""
         backend = RedisBackend.from_url(fresh_server.url, namespace=namespace, socket_timeout=0.5)
         try:
-            assert backend.acquire("up", token(), LONG).acquired
+            assert backend.lock_acquire("up", token(), LONG).acquired
             fresh_server.pause()
             try:
                 for name, operation in _operations(backend):
@@ -604,7 +602,7 @@ class TestServerFailure:
                     assert isinstance(exc_info.value.__cause__, redis.exceptions.TimeoutError), name
             finally:
                 fresh_server.resume()
-            result = backend.acquire("after-resume", token(), LONG)
+            result = backend.lock_acquire("after-resume", token(), LONG)
             assert result.acquired
             assert result.fencing_token > 0
         finally:
@@ -615,14 +613,14 @@ class TestServerFailure:
         """After a kill and restart on the same port, the same backend acquires, renews and releases again."""
         backend = RedisBackend.from_url(fresh_server.url, namespace=namespace)
         try:
-            backend.acquire("up", token(), LONG)
+            backend.lock_acquire("up", token(), LONG)
             fresh_server.kill()
             with pytest.raises(BackendError):
-                backend.acquire("again", token(), LONG)
+                backend.lock_acquire("again", token(), LONG)
             fresh_server.restart()
 
             owner = token()
-            result = backend.acquire("again", owner, LONG)
+            result = backend.lock_acquire("again", owner, LONG)
             assert result.acquired
             assert backend.renew([("again", owner, LONG)]) == [True]
             assert backend.release("again", owner) is ReleaseResult.RELEASED

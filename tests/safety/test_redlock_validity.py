@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from lockaspect import BackendError, LockClient
+from lockaspect.backends.base import AcquireRequest
 from lockaspect.backends.redlock import AsyncRedlockBackend, RedlockBackend
 from lockaspect.testing import LockServer
 
@@ -102,7 +103,7 @@ class TestAcquire:
     def test_acquire_reports_the_validity_not_the_lease(self, cluster: Cluster) -> None:
         backend, owner = cluster.backend(), token()
         sent = time.monotonic()
-        result = backend.acquire("k", owner, LEASE)
+        result = backend.acquire(AcquireRequest("lock", ("k",), owner, LEASE))
         took = time.monotonic() - sent
         assert result.acquired
         assert_validity(result.valid_for, LEASE, took)
@@ -114,7 +115,7 @@ class TestAcquire:
         cluster.servers[0].kill()
         cluster.servers[1].kill()
         sent = time.monotonic()
-        result = backend.acquire("k", owner, LEASE)
+        result = backend.acquire(AcquireRequest("lock", ("k",), owner, LEASE))
         took = time.monotonic() - sent
         assert result.acquired
         assert_validity(result.valid_for, LEASE, took)
@@ -123,8 +124,8 @@ class TestAcquire:
 
     def test_a_busy_lock_reports_no_validity(self, cluster: Cluster) -> None:
         backend = cluster.backend()
-        assert backend.acquire("k", token(), LEASE).acquired
-        busy = backend.acquire("k", token(), LEASE)
+        assert backend.acquire(AcquireRequest("lock", ("k",), token(), LEASE)).acquired
+        busy = backend.acquire(AcquireRequest("lock", ("k",), token(), LEASE))
         assert not busy.acquired
         assert busy.valid_for is None
 
@@ -134,7 +135,7 @@ class TestAcquire:
         async def main() -> tuple[float, float, Any]:
             try:
                 sent = time.monotonic()
-                result = await backend.acquire("k", token(), LEASE)
+                result = await backend.acquire(AcquireRequest("lock", ("k",), token(), LEASE))
                 return sent, time.monotonic() - sent, result
             finally:
                 await backend.aclose()
@@ -150,7 +151,7 @@ class TestRenew:
         backend, owner = cluster.backend(), token()
         leases = {"a": LEASE, "b": 2 * LEASE}
         for key in leases:
-            assert backend.acquire(key, owner, 1.0).acquired
+            assert backend.acquire(AcquireRequest("lock", (key,), owner, 1.0)).acquired
         sent = time.monotonic()
         statuses = backend.renew([(key, owner, lease) for key, lease in leases.items()])
         took = time.monotonic() - sent
@@ -162,7 +163,7 @@ class TestRenew:
 
     def test_renewed_by_a_bare_majority(self, cluster: Cluster) -> None:
         backend, owner = cluster.backend(), token()
-        assert backend.acquire("k", owner, LEASE).acquired
+        assert backend.acquire(AcquireRequest("lock", ("k",), owner, LEASE)).acquired
         for raw in cluster.raws[:2]:
             raw.delete(cluster.node_key("k"))
         sent = time.monotonic()
@@ -171,7 +172,7 @@ class TestRenew:
 
     def test_not_ours_once_a_majority_says_so(self, cluster: Cluster) -> None:
         backend, owner = cluster.backend(), token()
-        assert backend.acquire("k", owner, LEASE).acquired
+        assert backend.acquire(AcquireRequest("lock", ("k",), owner, LEASE)).acquired
         for raw in cluster.raws[:3]:
             raw.delete(cluster.node_key("k"))
         assert backend.renew([("k", owner, LEASE)]) == [False]
@@ -179,7 +180,7 @@ class TestRenew:
     def test_not_ours_once_no_majority_can_renew_it_on_an_even_cluster(self, cluster4: Cluster) -> None:
         """4 nodes, 3 needed: 2 saying "not ours" leave no majority, though 2 renewed it."""
         backend, owner = cluster4.backend(), token()
-        assert backend.acquire("k", owner, LEASE).acquired
+        assert backend.acquire(AcquireRequest("lock", ("k",), owner, LEASE)).acquired
         for raw in cluster4.raws[:2]:
             raw.delete(cluster4.node_key("k"))
         assert backend.renew([("k", owner, LEASE)]) == [False]
@@ -187,7 +188,7 @@ class TestRenew:
     def test_undecided_when_the_missing_node_could_tip_it(self, cluster: Cluster) -> None:
         """2 renewed, 2 not ours, 1 unreachable: neither side has a majority: retry."""
         backend, owner = cluster.backend(), token()
-        assert backend.acquire("k", owner, LEASE).acquired
+        assert backend.acquire(AcquireRequest("lock", ("k",), owner, LEASE)).acquired
         for raw in cluster.raws[:2]:
             raw.delete(cluster.node_key("k"))
         cluster.servers[4].kill()
@@ -195,7 +196,7 @@ class TestRenew:
 
     def test_too_few_nodes_answering_is_a_backend_error(self, cluster: Cluster) -> None:
         backend, owner = cluster.backend(), token()
-        assert backend.acquire("k", owner, LEASE).acquired
+        assert backend.acquire(AcquireRequest("lock", ("k",), owner, LEASE)).acquired
         for server in cluster.servers[:3]:
             server.kill()
         with pytest.raises(BackendError, match="2 of 5"):
@@ -207,7 +208,7 @@ class TestRenew:
 
         async def main() -> tuple[float, float, list[Any]]:
             try:
-                assert (await backend.acquire("k", owner, 1.0)).acquired
+                assert (await backend.acquire(AcquireRequest("lock", ("k",), owner, 1.0))).acquired
                 sent = time.monotonic()
                 statuses = await backend.renew([("k", owner, LEASE)])
                 return sent, time.monotonic() - sent, list(statuses)

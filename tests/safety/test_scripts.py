@@ -92,7 +92,7 @@ def _take(backend: RedisBackend, kind: str, key: str, owner: str) -> list[int]:
     elif kind in ("read", "write"):
         result = backend.rw_acquire(key, owner, LONG, kind)
     else:
-        result = backend.acquire(key, owner, LONG, waiter="w1", fair=kind == "fair")
+        result = backend.lock_acquire(key, owner, LONG, waiter="w1", fair=kind == "fair")
     assert result.acquired
     return [result.fencing_token]
 
@@ -154,26 +154,26 @@ class TestOwnerFields:
     ) -> None:
         """On a held lock, such a token is busy on acquire and not the owner on re-entry, renewal and release."""
         holder = token()
-        fence = backend.acquire("held", holder, LONG).fencing_token
+        fence = backend.lock_acquire("held", holder, LONG).fencing_token
         lock = backend.lock_key("held")
         before = raw.hgetall(lock)
 
-        busy = backend.acquire("held", tricky, LONG)
+        busy = backend.lock_acquire("held", tricky, LONG)
         assert not busy.acquired
         assert busy.holder_ttl is not None
         assert busy.holder_ttl > 0
-        assert not backend.acquire("held", tricky, LONG, waiter="w1", fair=True).acquired
+        assert not backend.lock_acquire("held", tricky, LONG, waiter="w1", fair=True).acquired
         multi = backend.multi_acquire(["free", "held"], tricky, LONG)
         assert (multi.acquired, multi.busy) == (False, "held")
-        assert not backend.reenter("held", tricky).acquired
+        assert not backend.lock_reenter("held", tricky)
         assert backend.renew([("held", tricky, LONG)]) == [False]
         assert backend.release("held", tricky) == ReleaseResult.NOT_OWNER
-        assert backend.release("held", tricky, fair=True) == ReleaseResult.NOT_OWNER
+        assert backend.lock_release("held", tricky, fair=True) == ReleaseResult.NOT_OWNER
 
         assert raw.hgetall(lock) == before
         assert not raw.exists(backend.lock_key("free"))
         assert backend.release("held", holder) == ReleaseResult.RELEASED
-        assert backend.acquire("held", holder, LONG).fencing_token == fence + 1
+        assert backend.lock_acquire("held", holder, LONG).fencing_token == fence + 1
 
     @pytest.mark.parametrize("tricky", TRICKY_TOKENS)
     def test_a_token_resembling_the_fence_field_holds_a_lock_like_any_other(
@@ -181,13 +181,13 @@ class TestOwnerFields:
     ) -> None:
         """Such a token takes a free lock, re-enters (a check) without touching the fence, renews and releases."""
         lock = backend.lock_key("mine")
-        taken = backend.acquire("mine", tricky, LONG)
+        taken = backend.lock_acquire("mine", tricky, LONG)
         assert taken.acquired
         assert taken.fencing_token > CLOCK_SEEDED
-        assert backend.acquire("mine", tricky, LONG).fencing_token == taken.fencing_token  # a retry
-        assert backend.reenter("mine", tricky).acquired
+        assert backend.lock_acquire("mine", tricky, LONG).fencing_token == taken.fencing_token  # a retry
+        assert backend.lock_reenter("mine", tricky)
         assert raw.hget(lock, "fence") == str(taken.fencing_token).encode()
-        assert not backend.acquire("mine", token(), LONG).acquired
+        assert not backend.lock_acquire("mine", token(), LONG).acquired
         assert backend.renew([("mine", tricky, LONG)]) == [True]
         multi = backend.multi_acquire(["mine"], tricky, LONG)
         assert multi.fencing_tokens == (taken.fencing_token,)
@@ -207,14 +207,14 @@ class TestOwnerFields:
 
         assert not backend.rw_acquire("rw", tricky, LONG, "write").acquired
         assert not backend.rw_acquire("rw", token(), LONG, "read", below=tricky).acquired  # no downgrade
-        assert not backend.rw_held("rw", tricky, "write").acquired
+        assert not backend.rw_held("rw", tricky, "write")
         assert backend.renew([("rw", tricky, LONG, "write")]) == [False]
         assert backend.rw_release("rw", tricky, "write") == ReleaseResult.NOT_OWNER
         assert raw.hgetall(writer) == before
 
         assert backend.rw_release("rw", holder, "write") == ReleaseResult.RELEASED
         fence = backend.rw_acquire("rw", tricky, LONG, "write").fencing_token
-        assert backend.rw_held("rw", tricky, "write").acquired
+        assert backend.rw_held("rw", tricky, "write")
         if tricky:  # below="" means no write lock held
             assert backend.rw_acquire("rw", tricky, LONG, "read", below=tricky).acquired  # its own downgrade
         assert backend.renew([("rw", tricky, LONG, "write")]) == [True]
@@ -232,24 +232,24 @@ class TestForeignValues:
         lock = backend.lock_key("taken")
         raw.set(lock, "foreign", px=20_000)
 
-        busy = backend.acquire("taken", owner, LONG)
+        busy = backend.lock_acquire("taken", owner, LONG)
         assert not busy.acquired
         assert busy.holder_ttl is not None
         assert 0 < busy.holder_ttl <= 20
-        assert not backend.acquire("taken", owner, LONG, waiter="w1", fair=True).acquired
+        assert not backend.lock_acquire("taken", owner, LONG, waiter="w1", fair=True).acquired
         multi = backend.multi_acquire(["other", "taken"], owner, LONG, waiter="w1")
         assert (multi.acquired, multi.busy) == (False, "taken")
         assert multi.holder_ttl is not None
         assert 0 < multi.holder_ttl <= 20
-        assert not backend.reenter("taken", owner).acquired
+        assert not backend.lock_reenter("taken", owner)
         assert backend.release("taken", owner) == ReleaseResult.NOT_OWNER
-        assert backend.release("taken", owner, fair=True) == ReleaseResult.NOT_OWNER
+        assert backend.lock_release("taken", owner, fair=True) == ReleaseResult.NOT_OWNER
         assert backend.renew([("taken", owner, LONG)]) == [False]
         assert raw.get(lock) == b"foreign"
         assert not raw.exists(backend.lock_key("other"))
 
         raw.set(lock, "foreign")  # no expiry
-        assert backend.acquire("taken", owner, LONG).holder_ttl is None
+        assert backend.lock_acquire("taken", owner, LONG).holder_ttl is None
         assert backend.multi_acquire(["taken"], owner, LONG).holder_ttl is None
 
     def test_a_semaphore_overwritten_by_a_string_is_busy_and_never_ours(self, backend: RedisBackend, raw: Any) -> None:
@@ -261,7 +261,7 @@ class TestForeignValues:
         assert busy.holder_ttl is not None
         assert 0 < busy.holder_ttl <= 20
         assert backend.sem_release("sem", owner) == ReleaseResult.NOT_OWNER
-        assert not backend.sem_reenter("sem", owner).acquired
+        assert not backend.sem_reenter("sem", owner)
         assert backend.renew([("sem", owner, LONG, "semaphore")]) == [False]
         assert raw.get(holders) == b"foreign"
         raw.set(holders, "foreign")
@@ -279,7 +279,7 @@ class TestForeignValues:
             assert not busy.acquired
             assert busy.holder_ttl is not None
             assert busy.holder_ttl > 0
-            assert not backend.rw_held("rw", owner, mode).acquired
+            assert not backend.rw_held("rw", owner, mode)
             assert backend.rw_release("rw", owner, mode) == ReleaseResult.NOT_OWNER
             assert backend.renew([("rw", owner, LONG, mode)]) == [False]
         assert raw.get(key) == b"foreign"
@@ -288,7 +288,7 @@ class TestForeignValues:
         """A batch with two overwritten items renews all the others and reports those two as not ours."""
         owner = token()
         for key in ("a", "b", "c"):
-            assert backend.acquire(key, owner, LONG).acquired
+            assert backend.lock_acquire(key, owner, LONG).acquired
         assert backend.sem_acquire("s", owner, LONG, 2).acquired
         assert backend.rw_acquire("r", owner, LONG, "read").acquired
         raw.set(backend.lock_key("b"), "foreign")
@@ -338,8 +338,8 @@ class TestForeignValues:
         raw = fresh_server.redis()
         try:
             owner = token()
-            assert backend.acquire("a", owner, LONG).acquired
-            assert backend.acquire("b", owner, LONG).acquired
+            assert backend.lock_acquire("a", owner, LONG).acquired
+            assert backend.lock_acquire("b", owner, LONG).acquired
             assert backend.sem_acquire("s", owner, LONG, 2).acquired
             items: list[RenewItem] = [("a", owner, LONG), ("s", owner, LONG, "semaphore"), ("b", owner, LONG)]
             assert backend.renew(items) == [True, True, True]  # the scripts are loaded
@@ -452,7 +452,7 @@ class TestNoScript:
         try:
             for i in range(100):
                 owner = token()
-                assert backend.acquire(f"w:{i % 5}", owner, LONG).acquired
+                assert backend.lock_acquire(f"w:{i % 5}", owner, LONG).acquired
                 assert backend.release(f"w:{i % 5}", owner) == ReleaseResult.RELEASED
         finally:
             backend.close()
@@ -463,7 +463,7 @@ class TestNoScript:
             try:
                 for i in range(100):
                     owner = token()
-                    assert (await twin.acquire(f"w:{i % 5}", owner, LONG)).acquired
+                    assert (await twin.lock_acquire(f"w:{i % 5}", owner, LONG)).acquired
                     assert await twin.release(f"w:{i % 5}", owner) == ReleaseResult.RELEASED
                     assert await twin.renew([(f"x:{i}", owner, LONG)]) == [False]
             finally:
