@@ -17,7 +17,7 @@ __all__ = ["build_parser", "main"]
 
 
 def _workers(text: str) -> int:
-    from ._demo import MAX_WORKERS, MIN_WORKERS
+    from .demo import MAX_WORKERS, MIN_WORKERS
 
     try:
         value = int(text)
@@ -29,7 +29,7 @@ def _workers(text: str) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from ._demo import DemoOptions, run_demo
+    from .demo import DemoOptions, run_demo
 
     return run_demo(
         DemoOptions(url=args.url, workers=args.workers, quick=args.quick, unsafe=args.unsafe, plain=args.plain)

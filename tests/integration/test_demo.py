@@ -23,7 +23,7 @@ from typing import Any
 import psutil
 import pytest
 
-from lockaspect import _demo
+from lockaspect.demo import report
 from lockaspect.testing import LockServer
 
 DEMO_TIMEOUT = 90.0
@@ -175,14 +175,14 @@ def test_without_rich_the_demo_reports_in_plain_text(monkeypatch: pytest.MonkeyP
     for name in [m for m in sys.modules if m == "rich" or m.startswith("rich.")] + ["rich"]:
         monkeypatch.setitem(sys.modules, name, None)  # "import rich..." now raises ImportError
     out = FakeTerminal()
-    reporter = _demo.make_reporter(out=out)
-    assert isinstance(reporter, _demo.PlainReporter)
-    progress = _demo.Progress(requests_total=10, stock=5, report_total=3.0, lease=2.0, requests_done=10, placed=5)
+    reporter = report.make_reporter(out=out)
+    assert isinstance(reporter, report.PlainReporter)
+    progress = report.Progress(requests_total=10, stock=5, report_total=3.0, lease=2.0, requests_done=10, placed=5)
     reporter.start(progress, time.monotonic())
     reporter.event(1.0, "something happened")
     reporter.stop()
     reporter.table(
-        [_demo.Row("oversold", 0, True, "why"), _demo.Row("stale writes rejected", 1, True, "why")],
+        [report.Row("oversold", 0, True, "why"), report.Row("stale writes rejected", 1, True, "why")],
         wall=4.2,
     )
     text = out.getvalue()
