@@ -23,7 +23,15 @@ from typing import Any
 
 import pytest
 
-from lockaspect import KeyTemplateError, LockClient, distributed_lock, keys, register_resolver
+from lockaspect import (
+    KeyTemplateError,
+    LockClient,
+    _resolvers,
+    _template_syntax,
+    distributed_lock,
+    keys,
+    register_resolver,
+)
 from lockaspect.keys import KeyTemplate
 
 #: Python's int-to-str digit limit (0: unlimited, or a Python without one).
@@ -47,8 +55,8 @@ PATHOLOGICAL = {
 @pytest.fixture(autouse=True)
 def _isolated_registries(monkeypatch: pytest.MonkeyPatch) -> None:
     """Resolvers and converters registered by one test are gone in the next."""
-    monkeypatch.setattr(keys, "_RESOLVERS", dict(keys._RESOLVERS))
-    monkeypatch.setattr(keys, "_CONVERTERS", dict(keys._CONVERTERS))
+    monkeypatch.setattr(_resolvers, "_RESOLVERS", dict(_resolvers._RESOLVERS))
+    monkeypatch.setattr(_resolvers, "_CONVERTERS", dict(_resolvers._CONVERTERS))
 
 
 def job(a: Any = None, x: Any = None) -> str:
@@ -107,7 +115,7 @@ class TestTemplateCaps:
 
     def test_tree_check_backs_up_the_pre_scan(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """With the text pre-scan switched off, the check of the parsed tree still stops a deep expression."""
-        monkeypatch.setattr(keys, "_check_nesting", lambda *args: None)
+        monkeypatch.setattr(_template_syntax, "_check_nesting", lambda *args: None)
         assert KeyTemplate.parse("<a" + ".b" * 31 + ">").names == {"a"}
         for template in ("<a" + ".b" * 32 + ">", "<a" + "[0]" * 40 + ">", "<a" + ".b" * 1000 + ">"):
             with pytest.raises(KeyTemplateError, match="nests more than 32 levels"):

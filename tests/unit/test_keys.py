@@ -26,9 +26,9 @@ from hypothesis import strategies as st
 from lockaspect import (
     ConfigurationError,
     KeyTemplateError,
+    _resolvers,
     config,
     distributed_lock,
-    keys,
     register_converter,
     register_resolver,
 )
@@ -45,8 +45,8 @@ PROPERTY = settings(
 @pytest.fixture(autouse=True)
 def _isolated_registries(monkeypatch: pytest.MonkeyPatch) -> None:
     """Resolvers and converters registered by one test are gone in the next."""
-    monkeypatch.setattr(keys, "_RESOLVERS", dict(keys._RESOLVERS))
-    monkeypatch.setattr(keys, "_CONVERTERS", dict(keys._CONVERTERS))
+    monkeypatch.setattr(_resolvers, "_RESOLVERS", dict(_resolvers._RESOLVERS))
+    monkeypatch.setattr(_resolvers, "_CONVERTERS", dict(_resolvers._CONVERTERS))
 
 
 @pytest.fixture

@@ -1,24 +1,10 @@
-"""Fencing: make the protected resource itself reject writes from a holder whose lease ended.
+"""Fenced writes to Redis: :class:`RedisFence` and :class:`AsyncRedisFence`.
 
-A lease lock cannot stop a paused holder from waking up and writing after its lease ran
-out and someone else took the lock. The fencing token closes that gap: every acquisition
-of a key gets a larger token, the writer sends its token with each write, and the resource
-refuses tokens older than the newest it has seen.
-
-Redis resource: :class:`RedisFence` writes a value only if the token is not older than
-the resource's high-water mark, atomically (a Lua script).
-
-SQL resource: keep the token in a column and make it part of the update's condition::
-
-    UPDATE accounts
-       SET balance = :balance, fence = :token
-     WHERE id = :id AND fence <= :token
-
-    -- 0 rows updated means a newer holder wrote first: this writer is stale.
-
-Create the column as a 64-bit integer with a default lower than any token (``fence BIGINT
-NOT NULL DEFAULT 0``; tokens are positive and, seeded from the store's clock, need more than
-32 bits). ``<=`` lets one holder write several times under one lease.
+Each resource's value and high-water mark share one hash tag; one Lua script
+(``fenced_write.lua``, loaded from ``lockaspect/backends/lua/`` with the lock scripts)
+compares the writer's token with the mark and writes only if the token is not older. The
+concept, and the same pattern for SQL, are in :mod:`lockaspect.fencing`, the import path
+to use (``from lockaspect.fencing import RedisFence``).
 """
 
 from __future__ import annotations
@@ -27,7 +13,7 @@ from typing import Any
 
 from redis.exceptions import NoScriptError, RedisError
 
-from .backends.redis import LuaScript, map_redis_error
+from ..backends.redis import LuaScript, map_redis_error
 
 __all__ = ["AsyncRedisFence", "RedisFence"]
 

