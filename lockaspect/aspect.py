@@ -202,7 +202,7 @@ class _LockAspect:
             lease = client.watchdog_lease if client is not None else 30.0
             tick = client.tick if client is not None else 0.1
             _policy.check_margin(lease, spec.delay_weight, tick)
-        if (multi or keys_fn is not None) and spec.kind != "lock":
+        if (multi or keys_fn is not None) and spec.kind.name != "lock":
             raise ConfigurationError(
                 "keys= takes a plain lock on every key: it cannot be fair, a semaphore or read-write"
             )

@@ -47,6 +47,9 @@ _HELD: ContextVar[_Held | None] = ContextVar("lockaspect_held", default=None)
 # leave it held. Replaced in a forked child (see _after_fork_in_child).
 _BOOKKEEPING = threading.Lock()
 
+# Bumped in a forked child: leases from before the fork are the parent's.
+_EPOCH = 0
+
 
 class Lease:
     """A held lock: who holds it, its fencing token, and whether it is still safe.
@@ -72,11 +75,12 @@ class Lease:
 
     __slots__ = (
         "__weakref__",
-        "_client",
         "_epoch",
+        "_family",
         "_loop",
         "_lost_waiters",
         "_on_lost",
+        "_owner",
         "_record",
         "_refs",
         "acquired_at",
@@ -92,13 +96,14 @@ class Lease:
     def __init__(
         self,
         *,
-        client: Any,
+        owner: object,
         record: Renewal,
         fencing_token: int,
         watchdog: bool,
         on_lost: Callable[[Lease], object] | None,
         loop: asyncio.AbstractEventLoop | None = None,
         permits: int | None = None,
+        family: str = "lock",
     ) -> None:
         self.key = record.key
         self.kind = record.kind
@@ -108,10 +113,13 @@ class Lease:
         self.acquired_at = time.time()
         self.lease_time = record.lease_time
         self.watchdog = watchdog
-        self._client = client
-        # A forked child inherits its parent's contexts; leases from before the fork belong
-        # to the parent and must never be re-entered by the child (see _find_held).
-        self._epoch = client._epoch
+        # Whose lease it is (the engine of one client), and its fork epoch then: a forked child
+        # inherits its parent's contexts, and leases from before the fork belong to the parent
+        # and must never be re-entered by the child (see find_held).
+        self._owner = owner
+        self._epoch = _EPOCH
+        # Kinds that share one store entry re-enter each other (see lockaspect.kinds).
+        self._family = family
         # The watchdog's record of this lease: its local end and why it was lost.
         self._record = record
         # The holds of this lease not yet given back (the acquisition and its re-entries), as
@@ -155,7 +163,7 @@ class Lease:
     def held(self) -> bool:
         """``True`` while the call that took the lease has not released it and it is not lost
         (and in the process that took it: a forked child holds nothing)."""
-        return self._holds > 0 and not self.lost and self._epoch == self._client._epoch
+        return self._holds > 0 and not self.lost and self._epoch == _EPOCH
 
     @property
     def lost_reason(self) -> str | None:
@@ -193,7 +201,7 @@ class Lease:
                 reason="released",
                 lease=self,
             )
-        if self._epoch != self._client._epoch:
+        if self._epoch != _EPOCH:
             raise LockLost(
                 f"lease on {self.key!r} belongs to the process this one was forked from",
                 key=self.key,
@@ -253,24 +261,24 @@ def _push(lease: Lease) -> Token[_Held | None]:
     return _HELD.set(_Held(lease, _HELD.get()))
 
 
-def _family(kind: str) -> str:
-    """Kinds that share one store entry re-enter each other: the lock and the fair lock."""
-    return "lock" if kind == "fair" else kind
+def fork_epoch() -> int:
+    """How many forks this process is from the one that imported lockaspect (a lease taken
+    before a fork belongs to the parent)."""
+    return _EPOCH
 
 
-def _find_held(client: Any, key: str, kind: str = "lock") -> Lease | None:
-    """The innermost lease of ``kind`` (or of its family, see :func:`_family`) this context
-    holds on ``key`` through ``client``."""
-    family = _family(kind)
+def find_held(owner: object, key: str, family: str) -> Lease | None:
+    """The innermost lease of ``family`` (see :mod:`lockaspect.kinds`) this context holds on
+    ``key`` through ``owner`` in this process."""
     held = _HELD.get()
     while held is not None:
         lease = held.lease
         if (
-            lease._client is client
+            lease._owner is owner
             and lease.key == key
-            and _family(lease.kind) == family
+            and lease._family == family
             and lease._holds > 0
-            and lease._epoch == client._epoch
+            and lease._epoch == _EPOCH
         ):
             return lease
         held = held.parent
@@ -330,8 +338,9 @@ class MultiLease:
 def _after_fork_in_child() -> None:
     # The parent's lock may have been held by another thread at the fork: a child that
     # inherited it held would deadlock on its first release.
-    global _BOOKKEEPING
+    global _BOOKKEEPING, _EPOCH
     _BOOKKEEPING = threading.Lock()
+    _EPOCH += 1
 
 
 if hasattr(os, "register_at_fork"):

@@ -42,6 +42,7 @@ from . import _policy
 from ._wakeup import Wakeup
 from .backends.base import RenewItem
 from .errors import BackendError
+from .observe import LockEvent
 
 if TYPE_CHECKING:
     import weakref
@@ -198,6 +199,8 @@ class Watchdog:
             holds it any more (its bookkeeping cut short by an exception raised
             asynchronously), it is not renewed but released.
         clock: Monotonic clock; the same one the timer uses.
+        emit: The client's observers: told of each round trip (``renewed``) and of failed
+            renewals (``renewal_failed``).
 
     Every lock here is a plain ``threading.Lock`` entered with ``with`` (a C-level enter):
     code on the caller's thread (register, release) may be interrupted by an exception a
@@ -215,8 +218,10 @@ class Watchdog:
         vanished: Callable[[Renewal], bool] | None = None,
         release_vanished: Callable[[Renewal], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        emit: Callable[[LockEvent], object] | None = None,
     ) -> None:
         self._backend = backend
+        self._emit = emit
         self._timer = timer
         self._lost = lost
         self._sweep = sweep
@@ -398,16 +403,26 @@ class Watchdog:
 
     def _renew(self, records: list[Renewal]) -> None:
         sent = self._clock()
-        self.stats.round_trips += 1
+        stats = self.stats
+        stats.round_trips += 1
+        renewals, failures = stats.renewals, stats.renewal_failures
         requests = [record.renewal_item(sent) for record in records]
+        emit = self._emit
+        if emit is not None:
+            emit(LockEvent("renewing", batch=len(records)))
         statuses: Sequence[Any] | None = None
+        error: BackendError | None = None
         try:
             statuses = self._backend.renew(requests)
         except BackendError as exc:
-            self._outcome(len(records), exc)
-        else:
-            self._outcome(len(records), None)
+            error = exc
+        self._outcome(len(records), error)
         self._apply(records, sent, requests, statuses)
+        if emit is not None:
+            emit(LockEvent("renewed", count=stats.renewals - renewals, batch=len(records)))
+            failed = stats.renewal_failures - failures
+            if failed:
+                emit(LockEvent("renewal_failed", count=failed, batch=len(records), error=error))
 
     def _outcome(self, count: int, error: BackendError | None) -> None:
         """Account a round trip's success or failure, logging an outage once each way."""

@@ -92,9 +92,9 @@ def assert_nothing_left(client: LockClient, raw: Any, namespace: str) -> None:
     """No lock in the store, no lease held, and no timeout left on the client's timer."""
     assert lock_keys_left(raw, namespace) == []
     assert client.stats().held == 0
-    assert client._held_keys == {}
+    assert client._engine.held_keys == {}
     # A cancelled timeout leaves the wheel at its next tick.
-    wait_for(lambda: len(client._timer) == 0, what="the timer to empty")
+    wait_for(lambda: len(client._engine.timer) == 0, what="the timer to empty")
 
 
 def disjoint(intervals: list[tuple[int, int]]) -> bool:
@@ -562,7 +562,7 @@ class TestBusyLock:
             holding = asyncio.create_task(holder())
             await held.wait()
             attempts: list[tuple[bool, str | None, bool]] = []
-            backend = plain._loop_state().backend
+            backend = plain._loop_state().store
             real = backend.acquire
 
             async def acquire(request: Any) -> Any:
@@ -786,7 +786,7 @@ class TestAsyncWith:
             holding = asyncio.create_task(holder())
             await held.wait()
             waiting = asyncio.create_task(waiter())
-            waiter_id = plain._loop_state().backend.notifier().waiter_id
+            waiter_id = plain._loop_state().store.notifier().waiter_id
             channel = plain.backend.wake_channel("handoff", waiter_id)
             await until(lambda: raw.lrange(queue, 0, -1) == [waiter_id.encode()], what="the waiter to queue")
             assert raw.pubsub_numsub(channel) == [(channel.encode(), 1)]
@@ -1464,7 +1464,7 @@ class TestCancellation:
 
         async def main() -> None:
             waiting = asyncio.create_task(work())
-            waiter_id = client._loop_state().backend.notifier().waiter_id
+            waiter_id = client._loop_state().store.notifier().waiter_id
             await until(lambda: raw.lrange(queue, 0, -1) == [waiter_id.encode()], what="the waiter to queue")
             waiting.cancel()
             with pytest.raises(asyncio.CancelledError):
@@ -1632,7 +1632,7 @@ class TestCancellation:
                 pass
 
         async def main() -> None:
-            backend = plain._loop_state().backend
+            backend = plain._loop_state().store
             real = backend.release
             releasing, proceed = asyncio.Event(), asyncio.Event()
 
@@ -1842,8 +1842,8 @@ class TestSyncAndAsyncTogether:
         (state0, loop0), (state1, loop1) = states[0], states[1]
         assert loop0 is not loop1
         assert (state0.loop, state1.loop) == (loop0, loop1)
-        assert state0.backend is not state1.backend
-        assert state0.backend.redis.connection_pool is not state1.backend.redis.connection_pool
+        assert state0.store is not state1.store
+        assert state0.store.redis.connection_pool is not state1.store.redis.connection_pool
         assert counter["value"] == 20
         assert disjoint(intervals)
         assert_nothing_left(plain, raw, namespace)
@@ -2007,7 +2007,7 @@ class TestConnectionsAndShutdown:
                 during = [run(main(i)) for i in range(3)]
                 wait_for(lambda: _connections(raw, name) == 0, what="the server to see every connection closed")
             # a released lease's cancelled timeouts (which refer to its loop) leave the wheel at its next tick
-            wait_for(lambda: len(client._timer) == 0, what="the timer to empty")
+            wait_for(lambda: len(client._engine.timer) == 0, what="the timer to empty")
             gc.collect()
             gc.collect()  # what the first pass's finalizers left in reference cycles
         assert [w for w in caught if issubclass(w.category, ResourceWarning)] == []
@@ -2058,7 +2058,7 @@ class TestConnectionsAndShutdown:
                 fresh_server.resume()
         try:
             wait_for(lambda: not fresh_raw.exists(lock_key), timeout=3 * LEASE + 5, what="the key to be released")
-            wait_for(lambda: len(client._timer) == 0, what="the timer to empty")
+            wait_for(lambda: len(client._engine.timer) == 0, what="the timer to empty")
             assert not lease.held
             assert client.stats().held == 0
             assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []

@@ -442,6 +442,6 @@ class TestFairLockBounds:
 
     def test_subscribe_grace_outlasts_the_subscribe_timeout(self) -> None:
         """A fair waiter that is still subscribing is not skipped as gone by a release."""
-        from lockaspect.client import SUBSCRIBE_TIMEOUT
+        from lockaspect.engine.waiting import SUBSCRIBE_TIMEOUT
 
         assert SUBSCRIBE_TIMEOUT < _policy.FAIR_SUBSCRIBE_GRACE < _policy.FAIR_GONE_AFTER

@@ -1,0 +1,473 @@
+"""The asyncio runner: :mod:`.sync`'s twin, method for method, around the same :mod:`.core`
+and :mod:`.waiting` decisions. What is genuinely asyncio lives here: the per-loop state (an
+async store per event loop), shielding of the round trips that must finish whatever happens
+to the caller (releases, leaving a queue), and cancelling a body whose lease is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from .. import _policy
+from ..backends.base import AcquireRequest, AcquireResult, ReleaseResult
+from ..errors import BackendError, LockNotAcquired
+from ..kinds import LockKind
+from ..lease import _HELD, Lease, _push
+from ..observe import LockEvent
+from ..options import LockSpec
+from ._loop import LoopState, LostCancel, _AsyncSlot, _quietly, cancelling, raise_if_cancel_lost
+from .core import Engine, Plan, lost_error
+from .holds import Hold
+from .waiting import ATTEMPT, LISTEN, Waiting, new_token, not_acquired
+
+__all__ = ["AsyncRunner"]
+
+log = logging.getLogger("lockaspect.acquire")
+
+
+class AsyncRunner:
+    """Acquire, re-enter, wait, run and release for asyncio tasks."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.states: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopState] = weakref.WeakKeyDictionary()
+        self.last: LoopState | None = None
+
+    # -- the loop's state -----------------------------------------------------------------
+
+    def state(self) -> LoopState:
+        """The running loop's async store and waiter slots, made on first use."""
+        loop = asyncio.get_running_loop()
+        state = self.last
+        if state is not None and state.loop is loop:
+            return state
+        with self.engine.lock:
+            state = self.states.get(loop)
+            if state is None:
+                state = LoopState(loop, self.engine.store.asyncio_twin(), self._forget_state)
+                self.states[loop] = state
+        self.last = state
+        return state
+
+    def _forget_state(self, state: LoopState) -> None:
+        with self.engine.lock:
+            if self.states.get(state.loop) is state:
+                del self.states[state.loop]
+            if self.last is state:
+                self.last = None
+
+    async def close_loop(self) -> None:
+        """Close the running loop's store (awaiting its pending releases)."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        with self.engine.lock:
+            state = self.states.pop(loop, None)
+            if self.last is state:
+                self.last = None
+        if state is not None:
+            await state.close()
+
+    # -- acquiring ------------------------------------------------------------------------
+
+    async def acquire(self, key: str, spec: LockSpec) -> Hold:
+        """:meth:`SyncRunner.acquire <lockaspect.engine.sync.SyncRunner.acquire>` for a task."""
+        engine = self.engine
+        kind = spec.kind
+        held = engine.held_here(key, kind.family)
+        state = self.state()
+        if held is not None:
+            hold = await self.reenter(held, state)
+            if hold is not None:
+                return hold
+        below = kind.below(key, engine.find)
+        plan = engine.plan(spec, key)
+        token = new_token()
+        waiter = self._first_waiter(state, key, spec)
+        sent = engine.clock()
+        failure: BackendError | None = None
+        request = AcquireRequest(kind.name, (key,), token, plan.lease_time, waiter, False, below, kind.permits)
+        try:
+            result = await self.try_once(state, request, kind)
+        except BackendError as exc:
+            if waiter is not None:
+                await self.leave_queue(state, key, waiter, spec, kind.slot_key(key) in state.slots)
+            if not exc.transient or spec.wait == 0:
+                raise
+            result, failure, waiter = AcquireResult(False), exc, None
+        except BaseException:
+            if waiter is not None:
+                await self.leave_queue(state, key, waiter, spec, kind.slot_key(key) in state.slots)
+            raise
+        if not result.acquired:
+            result, sent, token = await self.wait(state, key, token, plan, spec, sent, result, waiter, below, failure)
+        return await self.take(state, (key,), token, result, spec, plan, sent)
+
+    def _first_waiter(self, state: LoopState, key: str, spec: LockSpec) -> str | None:
+        engine = self.engine
+        if spec.kind.own_place or not engine.listens(spec):
+            return engine.early_waiter(spec, None)
+        notifier = state.store.notifier()
+        return engine.early_waiter(spec, notifier if notifier is not None and notifier.listening(key) else None)
+
+    async def try_once(self, state: LoopState, request: AcquireRequest, kind: LockKind) -> AcquireResult:
+        # A failed or cancelled attempt leaves no lock behind: the store sends the release on
+        # the same connection right behind the attempt.
+        result: AcquireResult = await state.store.acquire(request)
+        kind.check(request.keys[0], result)
+        return result
+
+    async def take(
+        self,
+        state: LoopState,
+        keys: tuple[str, ...],
+        token: str,
+        result: AcquireResult,
+        spec: LockSpec,
+        plan: Plan,
+        sent: float,
+    ) -> Hold:
+        engine = self.engine
+        try:
+            # Before Python 3.12 a cancellation that lands as redis-py completes a write can be
+            # swallowed (asyncio.wait_for): it must not let a cancelled task into its body.
+            raise_if_cancel_lost()
+            refused = engine.too_few_replicas(keys[0], result)
+            if refused is not None:
+                log.warning("%s", refused)
+                raise refused
+            fence, valid_for = result.fencing_token, result.valid_for
+            return engine.new_lease(keys[0], token, fence, valid_for, spec, plan, sent, state.loop)
+        except BaseException:
+            await self.discard(state, keys, token, spec.kind.name)
+            raise
+
+    async def discard(self, state: LoopState, keys: tuple[str, ...], token: str, kind: str) -> None:
+        async def discard() -> None:
+            for key in keys:
+                try:
+                    await state.store.release(key, token, kind)
+                except BackendError:
+                    pass
+
+        await asyncio.shield(state.spawn(discard()))
+
+    async def leave_queue(self, state: LoopState, key: str, waiter: str, spec: LockSpec, others: bool) -> None:
+        """Leave ``key``'s queue (shielded: it may run while the task is cancelled); ``others``:
+        other waiters of this loop still use the loop's place."""
+        if not spec.kind.own_place and others:
+            return
+        await _quietly(state, state.store.unqueue(key, waiter, spec.kind.name))
+
+    # -- waiting --------------------------------------------------------------------------
+
+    async def wait(
+        self,
+        state: LoopState,
+        key: str,
+        token: str,
+        plan: Plan,
+        spec: LockSpec,
+        start: float,
+        result: AcquireResult,
+        waiter: str | None,
+        below: str,
+        failure: BackendError | None,
+    ) -> tuple[AcquireResult, float, str]:
+        """:meth:`SyncRunner.wait <lockaspect.engine.sync.SyncRunner.wait>` for a task: queue
+        behind this loop's other waiters for ``key``."""
+        engine = self.engine
+        kind = spec.kind
+        deadline = _policy.wait_deadline(start, spec.wait)
+        slot_key = kind.slot_key(key)
+        slot: _AsyncSlot | None = None
+        turn = False
+        try:
+            raise_if_cancel_lost()
+            if deadline is not None and engine.clock() >= deadline:
+                if failure is not None:
+                    raise failure
+                raise self._not_acquired(key, spec, start, result)
+            engine.emit(LockEvent("waiting", key, kind.name, 0.0))
+            if kind.own_place:
+                turn = True  # the wait loop leaves the queue itself
+                w = self._waiting(state, (key,), token, plan, spec, start, deadline, result, waiter, below, failure)
+                return await self.run_wait(state, w, None)
+            queued = waiter is not None
+            slot = state.join_slot(slot_key)
+            if slot.users > 1:
+                queued = False  # others of ours wait too: one of them may have used our place
+            if not slot.lock.locked():
+                await slot.lock.acquire()  # free: taken at once, without a suspension
+            elif deadline is None:
+                queued = False  # others of ours went first: our place in the queue may be gone
+                await slot.lock.acquire()
+            else:
+                queued = False
+                try:
+                    await asyncio.wait_for(slot.lock.acquire(), max(0.0, deadline - engine.clock()))
+                except asyncio.TimeoutError:
+                    raise self._not_acquired(key, spec, start, result) from None
+            turn = True
+            try:
+                w = self._waiting(
+                    state, (key,), token, plan, spec, start, deadline, result, waiter if queued else None, "", failure
+                )
+                return await self.run_wait(state, w, slot)
+            finally:
+                slot.lock.release()
+        except BaseException:
+            if not turn and waiter is not None:
+                # Timed out, cancelled or failed before our turn, at any await point (the wait
+                # loop leaves the queue itself).
+                others = slot.users > 1 if slot is not None else slot_key in state.slots
+                await self.leave_queue(state, key, waiter, spec, others)
+            raise
+        finally:
+            if slot is not None:
+                state.leave_slot(slot_key, slot)
+
+    def _waiting(
+        self,
+        state: LoopState,
+        keys: tuple[str, ...],
+        token: str,
+        plan: Plan,
+        spec: LockSpec,
+        start: float,
+        deadline: float | None,
+        result: AcquireResult,
+        queued: str | None,
+        below: str,
+        failure: BackendError | None,
+        multi: bool = False,
+    ) -> Waiting:
+        engine = self.engine
+        own_id = state.store.waiter_id(True) if multi else (queued if spec.kind.own_place else None)
+        return Waiting(
+            keys,
+            spec.kind,
+            token,
+            plan.lease_time,
+            start,
+            deadline,
+            spec.wait,
+            result,
+            queued=queued,
+            notify=engine.listens(spec),
+            own_id=own_id,
+            listens=own_id is not None and engine.listens(spec),
+            below=below,
+            failure=failure,
+            multi=multi,
+        )
+
+    async def run_wait(self, state: LoopState, w: Waiting, slot: _AsyncSlot | None) -> tuple[AcquireResult, float, str]:
+        """The wait loop: do what ``w`` decides until it acquires or raises."""
+        engine = self.engine
+        clock = engine.clock
+        store = state.store
+        notifier: Any = store.notifier() if w.notify else None
+        subscription: Any = None
+        try:
+            while True:
+                raise_if_cancel_lost()
+                try:
+                    step = w.step(clock(), engine.closed, subscription is not None and subscription.active)
+                except LockNotAcquired as exc:
+                    engine.emit(LockEvent("not_acquired", exc.key or w.keys[0], w.kind.name, exc.waited))
+                    raise
+                if step == ATTEMPT:
+                    sent = clock()
+                    try:
+                        result = await self.try_once(state, w.request(sent), w.kind)
+                    except BackendError as exc:
+                        w.failed(exc, clock())
+                        log.debug("%r: attempt failed, retrying while the wait lasts: %s", w.keys[0], exc)
+                        continue
+                    if w.attempted(result):
+                        return result, sent, w.token
+                elif step == LISTEN:
+                    if subscription is not None:
+                        notifier.unsubscribe(subscription)
+                        subscription = None
+                    leave = w.leave_watched()
+                    if leave is not None:
+                        await _quietly(state, store.unqueue(*leave, "lock"))
+                    subscription = await notifier.subscribe(w.listen_key, w.listen_timeout(clock()), w.listen_as)
+                    w.listened(subscription.active, notifier.waiter_id)
+                else:
+                    if subscription is not None:
+                        woken = await subscription.wait(w.pause)
+                    else:
+                        await asyncio.sleep(w.pause)
+                        woken = False
+                    w.paused(woken)
+        finally:
+            if subscription is not None:
+                notifier.unsubscribe(subscription)
+            place = w.leaving(slot is not None and slot.users > 1)
+            if place is not None:
+                # Gave up with no other waiter of ours to take over: leave the queue (shielded:
+                # this may run while the waiter is being cancelled).
+                await _quietly(state, store.unqueue(*place, w.kind.name))
+
+    def _not_acquired(self, key: str, spec: LockSpec, start: float, result: AcquireResult) -> LockNotAcquired:
+        waited = self.engine.clock() - start
+        self.engine.emit(LockEvent("not_acquired", key, spec.kind.name, waited if spec.wait else 0.0))
+        return not_acquired(key, spec.wait, waited, result)
+
+    # -- multi-key ------------------------------------------------------------------------
+
+    async def acquire_multi(self, keys: tuple[str, ...], spec: LockSpec) -> list[Hold]:
+        """:meth:`SyncRunner.acquire_multi <lockaspect.engine.sync.SyncRunner.acquire_multi>`."""
+        engine = self.engine
+        held = engine.multi_held(keys)
+        state = self.state()
+        if held is not None:
+            entered: list[Hold] = []
+            try:
+                for lease in held:
+                    hold = await self.reenter(lease, state)
+                    if hold is None:
+                        break
+                    entered.append(hold)
+                else:
+                    return entered
+            except BaseException:
+                for made in entered:
+                    await self.release(made, state)
+                raise
+            for made in entered:
+                await self.release(made, state)
+        plan = engine.plan(spec, keys[0], True)
+        start = engine.clock()
+        deadline = _policy.wait_deadline(start, spec.wait)
+        w = self._waiting(
+            state, keys, new_token(), plan, spec, start, deadline, AcquireResult(False), None, "", None, True
+        )
+        result, sent, token = await self.run_wait(state, w, None)
+        holds: list[Hold] = []
+        try:
+            raise_if_cancel_lost()
+            refused = engine.too_few_replicas(keys[0], result)
+            if refused is not None:
+                log.warning("%s", refused)
+                raise refused
+            for key, fence in zip(keys, result.fencing_tokens, strict=True):
+                holds.append(engine.new_lease(key, token, fence, result.valid_for, spec, plan, sent, state.loop))
+        except BaseException:
+            for made in holds:
+                await self.release(made, state)
+            await self.discard(state, keys[len(holds) :], token, "lock")
+            raise
+        return holds
+
+    # -- re-entry and release -------------------------------------------------------------
+
+    async def reenter(self, lease: Lease, state: LoopState) -> Hold | None:
+        """Re-enter ``lease`` for a task. The store only checks (holds are counted in the
+        engine), so a cancelled check changes nothing there: the counted hold is given back."""
+        engine = self.engine
+        hold = engine.enter_hold(lease)
+        if hold is None:
+            return None
+        try:
+            engine.entered(hold, await state.store.reenter(lease.key, lease.token, lease.kind))
+        except BaseException:
+            assert hold.ref is not None
+            last = engine.give_back(hold.ref)  # no await unless it was the last hold
+            if last is not None:
+                await asyncio.shield(state.spawn(self._release_store(last, state)))
+            raise
+        return hold
+
+    async def release(self, hold: Hold, state: LoopState) -> None:
+        """Give back one hold, in a task of its own: a caller cancelled meanwhile stops
+        waiting, the release does not (and waits on nothing but its own round trip)."""
+        await asyncio.shield(state.spawn(self._release(hold, state)))
+
+    async def _release(self, hold: Hold, state: LoopState) -> None:
+        ref = hold.ref
+        assert ref is not None
+        lease = self.engine.give_back(ref)
+        hold.ref = None  # see SyncRunner.release
+        if lease is not None:
+            await self._release_store(lease, state)
+
+    async def _release_store(self, lease: Lease, state: LoopState) -> None:
+        """Release ``lease`` (its last hold was given back) in the store."""
+        code: ReleaseResult | BackendError
+        try:
+            code = await state.store.release(lease.key, lease.token, lease.kind)
+        except BackendError as exc:
+            code = exc
+        except BaseException:
+            self.engine.release_failed_locally(lease)
+            raise
+        self.engine.release_done(lease, code)
+
+    # -- a decorated call -----------------------------------------------------------------
+
+    async def run(
+        self,
+        key: str,
+        spec: LockSpec,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        on_failure: Callable[[LockNotAcquired], Any] | None = None,
+    ) -> Any:
+        """:meth:`SyncRunner.run <lockaspect.engine.sync.SyncRunner.run>` for ``async def``: the
+        body runs as a task, cancelled if the lease is lost."""
+        try:
+            hold = await self.acquire(key, spec)
+        except LockNotAcquired as exc:
+            if on_failure is None:
+                raise
+            value = on_failure(exc)
+            return await value if inspect.isawaitable(value) else value
+        lease = hold.lease
+        state = self.state()
+        loop = state.loop
+        held = _push(lease)
+        try:
+            body = loop.create_task(fn(*args, **kwargs))  # a copy of this context: it holds the lease
+        except BaseException:
+            _HELD.reset(held)
+            await self.release(hold, state)
+            raise
+        _HELD.reset(held)
+        lost_cancel = LostCancel(loop, body)
+        lease._add_lost_waiter(lost_cancel)
+        body.add_done_callback(lambda _: lease._remove_lost_waiter(lost_cancel))
+        try:
+            result = await body
+        except asyncio.CancelledError as exc:
+            if not body.done():
+                # We were cancelled: the body got the cancellation too; let it finish its own
+                # cleanup before the lock goes.
+                await asyncio.wait({body})
+            await self.release(hold, state)
+            if lost_cancel.fired and not cancelling():
+                raise lost_error(lease, "; the body was cancelled", exc) from exc
+            raise
+        except BaseException as exc:
+            await self.release(hold, state)
+            if lease.lost and isinstance(exc, Exception):
+                raise lost_error(lease, " before the call completed", exc) from exc
+            raise
+        await self.release(hold, state)
+        if lease.lost:
+            raise lost_error(lease, " before the call completed", result=result)
+        return result
+
+    def reset_after_fork(self) -> None:
+        self.states = weakref.WeakKeyDictionary()
+        self.last = None

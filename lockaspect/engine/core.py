@@ -1,0 +1,478 @@
+"""The engine's state and decisions, shared by the sync and async runners; no I/O.
+
+The :class:`Engine` holds what one client knows about its locks: the store's description
+(capabilities, kinds), the defaults, the holds it counts (every kind's re-entries are counted
+here, one place), the watchdog it registers leases with, and the observers it tells. Every
+decision that is not about waiting (see :mod:`.waiting`) is a method here: the plan of a lease,
+what a re-entry finds, what a store's answer to a release means, when a lease is lost, and how a
+finished body settles into a result or :class:`~lockaspect.LockLost`. The runners
+(:mod:`.sync`, :mod:`.aio`) do the round trips around it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from .. import _policy
+from ..backends.base import AcquireResult, Capability, ReleaseResult
+from ..errors import _NO_RESULT, BackendError, ConfigurationError, LockLost, NotReplicated
+from ..executor import Outcome
+from ..hooks import HookRunner, run_hook
+from ..kinds import LockKind
+from ..lease import Lease, find_held, fork_epoch
+from ..observe import LockEvent, Observers
+from ..options import LockSpec
+from ..timer import HashedWheelTimer
+from ..watchdog import Renewal, Watchdog, lost_guard
+from .holds import Hold, HoldRef
+
+if TYPE_CHECKING:
+    from .aio import AsyncRunner
+    from .sync import SyncRunner
+
+__all__ = ["Engine", "Hold", "Plan", "lost_error", "raise_if_lost", "settle"]
+
+release_log = logging.getLogger("lockaspect.release")
+
+
+class Plan(NamedTuple):
+    """The lease an acquisition asks for and how it is renewed."""
+
+    watchdog: bool
+    lease_time: float
+    delay_weight: float
+
+
+def lost_error(lease: Lease, when: str, exception: BaseException | None = None, result: Any = _NO_RESULT) -> LockLost:
+    """The one :class:`LockLost` factory: ``lease`` was lost, then ``when`` (e.g. " before the
+    call completed", "; the body was cancelled"), with the body's exception or result if it
+    has one."""
+    reason = lease.lost_reason or "expired"
+    return LockLost(
+        f"lease on {lease.key!r} lost ({reason}){when}",
+        key=lease.key,
+        reason=reason,
+        lease=lease,
+        result=result,
+        exception=exception,
+    )
+
+
+def settle(lease: Lease, outcome: Outcome) -> Any:
+    """Turn a finished (or abandoned) body into the call's result or exception."""
+    if outcome.interrupt is not None:
+        raise outcome.interrupt
+    exception = outcome.exception
+    if outcome.abandoned or lease.lost:
+        when = (
+            " while the body was still running; it keeps running in its executor"
+            if outcome.abandoned
+            else " before the call completed"
+        )
+        finished = exception is None and not outcome.abandoned
+        raise lost_error(lease, when, exception, outcome.result if finished else _NO_RESULT) from exception
+    if exception is not None:
+        raise exception
+    return outcome.result
+
+
+def raise_if_lost(lease: Lease, exc: BaseException | None) -> None:
+    """At the end of a block: raise :class:`LockLost` if the lease was lost meanwhile (chained
+    to the block's own exception; a ``BaseException`` such as a cancellation wins)."""
+    if lease.lost and (exc is None or isinstance(exc, Exception)):
+        raise lost_error(lease, " before the block completed", exc) from exc
+
+
+class Engine:
+    """One client's locks: see the module docstring. Thread-safe."""
+
+    #: The runners, set by the client that builds the engine.
+    sync: SyncRunner
+    aio: AsyncRunner
+
+    def __init__(
+        self,
+        store: Any,
+        *,
+        watchdog_lease: float,
+        tick: float,
+        delay_weight: float,
+        wait_replicas: tuple[int, float] | None,
+        clock: Callable[[], float],
+        emit: Observers,
+    ) -> None:
+        self.store = store
+        self.watchdog_lease = watchdog_lease
+        self.tick = tick
+        self.delay_weight = delay_weight
+        self.wait_replicas = wait_replicas
+        self.clock = clock
+        self.emit = emit
+        self.notify = bool(store.capabilities & Capability.RELEASE_NOTIFY)
+        self.renewable = not store.capabilities & Capability.SESSION_BOUND
+        self.closed = False
+        self.timer = HashedWheelTimer(tick, clock=clock)
+        self.orphans: deque[HoldRef] = deque()
+        self.hooks = HookRunner()
+        self.watchdog = Watchdog(
+            store,
+            self.timer,
+            self.watchdog_lost,
+            sweep=self.sweep,
+            orphans=self.orphans,
+            vanished=self.vanished,
+            release_vanished=self._release_vanished,
+            clock=clock,
+            emit=emit,
+        )
+        # The bookkeeping lock: hold counts and the live holds. A plain Lock entered with
+        # ``with`` (C-level), never held across I/O or user code.
+        self.lock = threading.Lock()
+        # The leases that holds may still be given back to; those whose last hold went are
+        # pruned by the watchdog's sweep.
+        self.leases: set[Lease] = set()
+        # key -> leases on it in this process (any context), for the re-entry fast path: a key
+        # nobody here holds cannot be a re-entry. Never too low (a lease leaves only once its
+        # last hold is given back); the sweep recounts it.
+        self.held_keys: dict[str, int] = {}
+        #: Called with the abandoned hold refs the sweep must release (set by the sync runner).
+        self.release_abandoned: Callable[[HoldRef], None] = lambda ref: None
+
+    # -- before an acquisition (no I/O) ---------------------------------------------------
+
+    def held_here(self, key: str, family: str = "lock") -> Lease | None:
+        """The lease this context holds on ``key`` in ``family`` (a re-entry), checking the
+        client is open."""
+        if self.closed:
+            raise ConfigurationError("this LockClient is closed", key=key)
+        # Walk this context's held leases only if the key is held here at all, so taking many
+        # distinct locks in one context stays O(1) per lock.
+        return find_held(self, key, family) if key in self.held_keys else None
+
+    def find(self, key: str, family: str) -> Lease | None:
+        """:meth:`held_here` without the closed check (the kinds' ``below`` lookup)."""
+        return find_held(self, key, family) if key in self.held_keys else None
+
+    def multi_held(self, keys: tuple[str, ...]) -> list[Lease] | None:
+        """The leases this context holds on every key (a re-entry), ``None`` when it holds
+        none of them; refused when it holds only some."""
+        held = [self.held_here(key) for key in keys]
+        if all(lease is None for lease in held):
+            return None
+        if any(lease is None for lease in held):
+            mine = [key for key, lease in zip(keys, held, strict=True) if lease is not None]
+            raise ConfigurationError(
+                f"this context already holds {mine!r} and asks for them together with other keys: taking the "
+                "rest later is how two callers deadlock; take the whole set at once, before any of them",
+                key=mine[0],
+            )
+        return [lease for lease in held if lease is not None]
+
+    def plan(self, spec: LockSpec, key: str, multi: bool = False) -> Plan:
+        """The lease to ask for and how to renew it; refuses, before any I/O, a kind the store
+        does not serve."""
+        store = self.store
+        kind: LockKind = spec.kind
+        if kind.name not in store.kinds or (multi and not store.capabilities & Capability.MULTI_KEY):
+            what = "multi-key" if multi else kind.name
+            raise ConfigurationError(
+                f"{store!r} does not serve {what} locks (it serves: {', '.join(sorted(store.kinds))})", key=key
+            )
+        watchdog = spec.lease is None and self.renewable
+        delay_weight = self.delay_weight if spec.delay_weight is None else spec.delay_weight
+        if spec.lease is None:
+            if spec.delay_weight is not None:
+                _policy.check_margin(self.watchdog_lease, delay_weight, self.tick)
+            lease_time = self.watchdog_lease
+        else:
+            lease_time = spec.lease
+        if spec.max_hold is not None and spec.max_hold < lease_time:
+            lease_time = spec.max_hold
+        return Plan(watchdog, lease_time, delay_weight)
+
+    def early_waiter(self, spec: LockSpec, notifier: Any) -> str | None:
+        """The waiter id a first attempt may queue under: when the caller would wait and this
+        process already listens for the key's wake-ups, a busy first attempt queues at once
+        (one round trip fewer per contended acquisition). ``notifier``: the runner's."""
+        if spec.kind.own_place:
+            if spec.wait == 0:
+                return None
+            waiter: str = self.store.waiter_id(self.notify and spec.wait_strategy == "notify")
+            return waiter
+        return None if notifier is None else notifier.waiter_id
+
+    def listens(self, spec: LockSpec) -> bool:
+        """Whether a wait of ``spec`` listens for release messages."""
+        return self.notify and spec.wait_strategy == "notify" and spec.wait != 0
+
+    # -- after an acquisition (no I/O) ----------------------------------------------------
+
+    def too_few_replicas(self, key: str, result: AcquireResult) -> NotReplicated | None:
+        wanted = self.wait_replicas
+        if wanted is None or result.replicas is None or result.replicas >= wanted[0]:
+            return None
+        replicas, timeout = wanted
+        confirmed = result.replicas
+        return NotReplicated(
+            f"lock {key!r} was confirmed by {confirmed} of {replicas} replica(s) within {timeout:g}s, "
+            "so a failover could lose it; it was released",
+            key=key,
+            replicas=confirmed,
+            wanted=replicas,
+        )
+
+    def new_lease(
+        self, key: str, token: str, fence: int, valid_for: float | None, spec: LockSpec, plan: Plan, sent: float,
+        loop: Any = None, waited: float | None = None,
+    ) -> Hold:  # fmt: skip
+        """The lease for an acquisition, its first hold, registered with the watchdog and
+        counted. ``sent``: when the acquire request left (the lease is trusted from then)."""
+        kind = spec.kind
+        granted = plan.lease_time if valid_for is None else min(valid_for, plan.lease_time)
+        record = Renewal(
+            key=key,
+            token=token,
+            kind=kind.name,
+            lease_time=plan.lease_time,
+            delay_weight=plan.delay_weight,
+            sent=sent,
+            granted=granted,
+            max_hold=spec.max_hold,
+            guard=lost_guard(plan.lease_time, self.tick),
+            clock=self.clock,
+        )
+        lease = Lease(
+            owner=self,
+            record=record,
+            fencing_token=fence,
+            watchdog=plan.watchdog,
+            on_lost=spec.on_lost,
+            loop=loop,
+            permits=kind.permits,
+            family=kind.family,
+        )
+        record.lease_ref = weakref.ref(lease)
+        hold = self.new_hold(lease)
+        with self.lock:
+            held_keys = self.held_keys
+            held_keys[key] = held_keys.get(key, 0) + 1
+            self.leases.add(lease)
+            lease._refs.add(hold.ref)  # the hold exists from here: one step
+        if plan.watchdog:
+            self.watchdog.register(record)
+        else:
+            self.watchdog.watch(record)
+        self.emit(LockEvent("acquired", key, kind.name, waited, fence))
+        return hold
+
+    def new_hold(self, lease: Lease) -> Hold:
+        hold = Hold(lease)
+        # The callback is deque.append itself: a C call, which no exception raised
+        # asynchronously can interrupt halfway (the watchdog thread sweeps the deque).
+        hold.ref = HoldRef(hold, self.orphans.append, lease)
+        return hold
+
+    # -- re-entry (no I/O) ----------------------------------------------------------------
+
+    def enter_hold(self, lease: Lease) -> Hold | None:
+        """Count one more hold of ``lease`` before asking the store (so that an outer call
+        returning meanwhile cannot release the lock under it); ``None`` when its last hold
+        was already given back (the caller then takes the lock afresh)."""
+        if lease.lost:
+            raise LockLost(
+                f"cannot re-enter {lease.key!r}: its lease is lost ({lease.lost_reason})",
+                key=lease.key,
+                reason=lease.lost_reason or "expired",
+                lease=lease,
+            )
+        hold = self.new_hold(lease)
+        with self.lock:
+            if not lease._refs:
+                return None
+            lease._refs.add(hold.ref)
+        return hold
+
+    def entered(self, hold: Hold, held: bool) -> None:
+        """Settle a re-entry once the store said whether the lease is still ours."""
+        lease = hold.lease
+        if not held:
+            self.lost_here(lease, "not-owner")
+            raise LockLost(
+                f"cannot re-enter {lease.key!r}: the store no longer has it for this owner",
+                key=lease.key,
+                reason="not-owner",
+                lease=lease,
+            )
+        self.emit(LockEvent("reentered", lease.key, lease.kind))
+
+    # -- giving holds back (no I/O) -------------------------------------------------------
+
+    def give_back(self, ref: HoldRef) -> Lease | None:
+        """Count one hold of ``ref.lease`` given back (once per hold, whoever gives it back:
+        its owner, or the sweep). Returns the lease when that was its last hold and the
+        release must go to the store; ``None`` otherwise.
+
+        Each step of the bookkeeping is one operation, and the watchdog's sweep completes
+        what an exception raised asynchronously (a signal handler's) cuts short: a lease with
+        no hold left that nobody is releasing is released by the sweep."""
+        lease = ref.lease
+        record = lease._record
+        with self.lock:
+            refs = lease._refs
+            if ref not in refs:
+                return None  # given back already
+            refs.discard(ref)
+            if refs or lease._epoch != fork_epoch():
+                # Re-entered holds remain; or a forked child unwinding a block its parent
+                # entered: the lock is the parent's.
+                return None
+            # The release is ours to send from here (the sweep leaves it to us a while).
+            record.releasing_since = self.clock()
+            self.forget(lease)
+        if record.lost_reason is None and self.clock() >= record.lost_at:
+            self.lost_here(lease, record.time_reason())
+        if record.lost_reason == "not-owner":  # nothing of ours is left in the store
+            self.watchdog.released(record)
+            return None
+        return lease
+
+    def forget(self, lease: Lease) -> None:
+        """``lease`` has no hold left: drop it from the tables (lock held)."""
+        if lease in self.leases:
+            self.leases.discard(lease)
+            held_keys = self.held_keys
+            left = held_keys.get(lease.key, 0) - 1
+            if left > 0:
+                held_keys[lease.key] = left
+            else:
+                held_keys.pop(lease.key, None)
+
+    def release_done(self, lease: Lease, code: ReleaseResult | BackendError, abandoned: bool = False) -> None:
+        """Act on the store's answer to a release (or on its failure)."""
+        record = lease._record
+        self.watchdog.released(record)
+        if (record.swept or abandoned) and code == ReleaseResult.NOT_OWNER:
+            return  # released meanwhile by the sweep, or by the interrupted call itself
+        if isinstance(code, BackendError):
+            self.emit(LockEvent("release_failed", lease.key, lease.kind, error=code))
+            release_log.warning(
+                "release of %r failed; the key expires with its lease (at most %.1fs): %s",
+                lease.key,
+                lease.lease_time,
+                code,
+            )
+        elif code == ReleaseResult.NOT_OWNER:
+            self.lost_here(lease, "not-owner")
+        elif code == ReleaseResult.RELEASED:
+            self.emit(LockEvent("released", lease.key, lease.kind))
+        else:
+            release_log.warning("%r is still held by this owner after its last release", lease.key)
+
+    def release_failed_locally(self, lease: Lease) -> None:
+        """The release round trip was interrupted (not by the store): nobody holds the lease,
+        let it expire."""
+        self.watchdog.released(lease._record)
+
+    # -- the watchdog thread's sweep (no I/O of its own) ----------------------------------
+
+    def sweep(self) -> None:
+        """Give back the holds whose owner vanished without giving them back, and recount."""
+        orphans = self.orphans
+        abandoned = False
+        while orphans:
+            ref = orphans.popleft()
+            if ref not in ref.lease._refs:
+                continue
+            abandoned = True
+            release_log.warning(
+                "a hold of %r was abandoned without being released (its block or call was unwound by "
+                "an exception raised asynchronously?); releasing it",
+                ref.lease.key,
+            )
+            self.release_abandoned(ref)
+        if not abandoned:
+            return
+        with self.lock:
+            leases = {lease for lease in self.leases if lease._refs}
+            self.leases = leases
+            counts: dict[str, int] = {}
+            for lease in leases:
+                counts[lease.key] = counts.get(lease.key, 0) + 1
+            self.held_keys = counts
+
+    def vanished(self, record: Renewal) -> bool:
+        """Whether a lease the watchdog is about to renew has nobody left to hold it: its
+        lease object is gone, or it has no hold and nobody is releasing it (or a release
+        began a whole lease ago and never finished)."""
+        lease = None if record.lease_ref is None else record.lease_ref()
+        if lease is None:
+            return True
+        if lease._refs:
+            return False  # the usual case, read without the lock: holds only go away under it
+        with self.lock:  # the owner gives its last hold back and claims the release at once
+            if lease._refs:
+                return False
+            since = record.releasing_since
+        return since is None or self.clock() - since > record.lease_time
+
+    def _release_vanished(self, record: Renewal) -> None:
+        self.sync.release_vanished(record)  # a round trip: the thread runner's
+
+    def vanished_released(self, record: Renewal) -> None:
+        """The sweep released a lease nobody held: forget it."""
+        lease = None if record.lease_ref is None else record.lease_ref()
+        if lease is not None:
+            with self.lock:
+                self.forget(lease)
+
+    def held_count(self) -> int:
+        with self.lock:
+            return sum(1 for lease in self.leases if lease._refs)
+
+    # -- losses ---------------------------------------------------------------------------
+
+    def lost_here(self, lease: Lease, reason: str) -> None:
+        """The caller's thread learned of the loss (release, re-entry): the hook runs here."""
+        if lease._mark_lost(reason):
+            self.emit(LockEvent("lost", lease.key, lease.kind, fencing_token=lease.fencing_token, reason=reason))
+            run_hook(lease)
+
+    def watchdog_lost(self, record: Renewal, reason: str) -> None:
+        """Report a lease the timer or watchdog gave up; the hook runs on the hook thread."""
+        lease = None if record.lease_ref is None else record.lease_ref()
+        if lease is None:
+            # Nobody holds the lease object any more (the sweep releases what is left).
+            if record.lost_reason is None:
+                record.lost_reason = reason
+            return
+        if lease._mark_lost(reason):
+            self.emit(LockEvent("lost", lease.key, lease.kind, fencing_token=lease.fencing_token, reason=reason))
+            if lease._on_lost is not None:
+                self.hooks.submit(lease)
+
+    # -- life cycle -----------------------------------------------------------------------
+
+    def stop(self) -> None:
+        self.closed = True
+        # The watchdog first: a renewal in flight must not find the timer already stopped.
+        self.watchdog.stop(timeout=5.0)
+        self.timer.stop()
+        self.hooks.stop()
+
+    def threads(self) -> Sequence[threading.Thread | None]:
+        return [self.timer.thread, self.watchdog.thread, self.hooks.thread]
+
+    def reset_after_fork(self) -> None:
+        self.timer._reset_after_fork()
+        self.watchdog._reset_after_fork()
+        self.hooks = HookRunner()
+        self.lock = threading.Lock()
+        self.held_keys = {}
+        # The parent's holds are not this process's.
+        self.leases = set()
+        self.orphans.clear()

@@ -1,0 +1,193 @@
+"""The observer hook: typed events the engine emits at fixed points, and the observers built in.
+
+An observer is any callable taking a :class:`LockEvent`. Register it when building the client
+(``LockClient(..., observers=[my_observer])`` or ``LockClient.from_url(url, observers=[...])``);
+:meth:`LockClient.stats <lockaspect.LockClient.stats>` and the library's log lines are
+observers too (:class:`StatsObserver`, :class:`LogObserver`). Events are emitted once for
+sync and async code, from the engine's decisions, on the thread that made them: the caller's
+for acquisitions and releases, the watchdog's for renewals and most losses. An observer must be
+quick and must not block; one that raises is logged once and never fails a lock.
+
+Events (``LockEvent.name``):
+
+``"acquired"``
+    A lock was taken (``fencing_token``, ``waited`` seconds).
+``"reentered"``
+    A context re-entered a lock it holds.
+``"waiting"``
+    A call found the lock busy and starts waiting (``waited`` is 0).
+``"not_acquired"``
+    A call gave up: the lock stayed busy (``waited`` seconds).
+``"released"``
+    A lock was given back to the store.
+``"release_failed"``
+    The store could not be told (``error``); the key expires with its lease.
+``"released_late"``
+    A body outlived its caller (the call raised first); its lock is released when it ends.
+``"renewing"``
+    A watchdog round trip starts, renewing ``batch`` leases.
+``"renewed"``
+    That round trip's outcome: ``count`` leases renewed out of ``batch``.
+``"renewal_failed"``
+    ``count`` renewals failed and will be retried while their leases last (``error``).
+``"lost"``
+    A lease was lost (``reason``: ``"expired"``, ``"not-owner"``, ``"max-hold"``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+__all__ = ["ClientStats", "LockEvent", "LogObserver", "Observer", "Observers", "StatsObserver"]
+
+log = logging.getLogger("lockaspect.observe")
+lost_log = logging.getLogger("lockaspect.watchdog")
+acquire_log = logging.getLogger("lockaspect.acquire")
+
+
+@dataclass(frozen=True, slots=True)
+class LockEvent:
+    """One thing the engine did (see the module docstring for the names).
+
+    Attributes:
+        name: What happened.
+        key: The rendered key (empty for a watchdog round trip).
+        kind: ``"lock"``, ``"fair"``, ``"semaphore"``, ``"read"`` or ``"write"`` (empty for a
+            watchdog round trip).
+        waited: Seconds spent waiting, for ``acquired`` and ``not_acquired``.
+        fencing_token: The lease's fencing token, where there is one.
+        reason: Why a lease was lost.
+        error: The store's error, for the failures.
+        count: How many leases a watchdog event covers.
+        batch: How many leases one renewal round trip carried.
+    """
+
+    name: str
+    key: str = ""
+    kind: str = ""
+    waited: float | None = None
+    fencing_token: int | None = None
+    reason: str | None = None
+    error: BaseException | None = None
+    count: int = 1
+    batch: int = 0
+
+
+#: What the engine calls for each event.
+Observer = Callable[[LockEvent], object]
+
+
+@dataclass(frozen=True, slots=True)
+class ClientStats:
+    """A snapshot of a client's counters (see :meth:`LockClient.stats <lockaspect.LockClient.stats>`)."""
+
+    acquired: int
+    reentered: int
+    not_acquired: int
+    released: int
+    renewals: int
+    renewal_round_trips: int
+    renewal_failures: int
+    lost: int
+    held: int
+
+
+class StatsObserver:
+    """Counts events for :meth:`LockClient.stats <lockaspect.LockClient.stats>`."""
+
+    __slots__ = ("_lock", "counts")
+
+    _NAMES = ("acquired", "reentered", "not_acquired", "released", "lost")
+
+    def __init__(self) -> None:
+        # A plain Lock entered with ``with``: a counter update is a few bytecodes.
+        self._lock = threading.Lock()
+        self.counts = dict.fromkeys((*self._NAMES, "renewals", "round_trips", "renewal_failures"), 0)
+
+    def __call__(self, event: LockEvent) -> None:
+        name = event.name
+        with self._lock:
+            counts = self.counts
+            if name in counts:
+                counts[name] += 1
+            elif name == "renewed":
+                counts["renewals"] += event.count
+            elif name == "renewing":
+                counts["round_trips"] += 1
+            elif name == "renewal_failed":
+                counts["renewal_failures"] += event.count
+
+    def snapshot(self, held: int) -> ClientStats:
+        with self._lock:
+            counts = dict(self.counts)
+        return ClientStats(
+            acquired=counts["acquired"],
+            reentered=counts["reentered"],
+            not_acquired=counts["not_acquired"],
+            released=counts["released"],
+            renewals=counts["renewals"],
+            renewal_round_trips=counts["round_trips"],
+            renewal_failures=counts["renewal_failures"],
+            lost=counts["lost"],
+            held=held,
+        )
+
+    def reset(self) -> None:
+        """Forget the counts (a forked child starts afresh)."""
+        self._lock = threading.Lock()
+        self.counts = dict.fromkeys(self.counts, 0)
+
+
+class LogObserver:
+    """The library's own log lines for events: a lost lease is a warning
+    (``lockaspect.watchdog``), a call that gave up a debug line (``lockaspect.acquire``)."""
+
+    __slots__ = ()
+
+    def __call__(self, event: LockEvent) -> None:
+        name = event.name
+        if name == "lost":
+            lost_log.warning(
+                "lease on %r lost (%s); fencing token %d is stale from now on",
+                event.key,
+                event.reason,
+                event.fencing_token or 0,
+            )
+        elif name == "not_acquired" and acquire_log.isEnabledFor(logging.DEBUG):
+            acquire_log.debug("%r not acquired after waiting %.3fs", event.key, event.waited or 0.0)
+
+
+class Observers:
+    """The client's observers, called in order for each event; one that raises is logged once
+    (per observer) and otherwise ignored."""
+
+    __slots__ = ("_broken", "_observers")
+
+    def __init__(self, observers: Iterable[Observer] = ()) -> None:
+        self._observers: tuple[Observer, ...] = tuple(observers)
+        self._broken: set[int] = set()
+
+    @staticmethod
+    def check(observers: object) -> list[Observer]:
+        """``observers=`` as given by a user: a list of callables."""
+        if observers is None:
+            return []
+        if isinstance(observers, (str, bytes)) or not isinstance(observers, Iterable):
+            raise TypeError(f"observers must be a list of callables, got {type(observers).__name__}")
+        checked = list(observers)
+        for observer in checked:
+            if not callable(observer):
+                raise TypeError(f"every observer must be callable, got {type(observer).__name__}")
+        return checked
+
+    def __call__(self, event: LockEvent) -> None:
+        for observer in self._observers:
+            try:
+                observer(event)
+            except Exception:
+                if id(observer) not in self._broken:
+                    self._broken.add(id(observer))
+                    log.exception("observer %r raised on %s (logged once; it keeps being called)", observer, event.name)
