@@ -19,40 +19,17 @@ from typing import Any, TypeVar, cast
 
 import wrapt
 
-from . import _policy, config
-from .client import LockClient, LockSpec
+from . import config, options
+from .client import LockClient
 from .errors import ConfigurationError, KeyTemplateError, LockNotAcquired
 from .executor import check_executor
 from .keys import ArgumentNames, KeyTemplate, check_key
+from .options import UNSET as _UNSET
+from .options import LockSpec
 
 __all__ = ["FailureContext", "distributed_lock", "distributed_semaphore"]
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-class _Unset:
-    def __repr__(self) -> str:
-        return "<default>"
-
-
-_SPEC_OPTIONS = ("lease", "wait", "max_hold", "on_lost", "delay_weight", "wait_strategy", "fair", "permits", "mode")
-
-#: Marks an option the caller did not pass, so a named policy can supply it.
-_UNSET: Any = _Unset()
-
-_DEFAULTS: dict[str, Any] = {
-    "lease": None,
-    "delay_weight": None,
-    "wait": 0.0,
-    "max_hold": None,
-    "on_failure": None,
-    "on_lost": None,
-    "executor": None,
-    "wait_strategy": "notify",
-    "fair": False,
-    "permits": None,
-    "mode": None,
-}
 
 
 @dataclass(frozen=True)
@@ -92,47 +69,14 @@ class _Resolved:
         return bool(self.templates) or self.keys_fn is not None
 
 
-class _Keys:
-    """``keys=`` of the decorator: several key templates, or a function returning the keys."""
-
-    __slots__ = ("fn", "templates")
-
-    def __init__(self, value: object) -> None:
-        self.fn: Callable[[Mapping[str, Any]], Any] | None = None
-        self.templates: tuple[str, ...] = ()
-        if callable(value):
-            self.fn = value
-            return
-        if isinstance(value, str):  # one template; a placeholder may yield a list of values
-            value = [value]
-        if not isinstance(value, (list, tuple)):
-            raise TypeError(f"keys must be a list of key templates or a callable, got {type(value).__name__}")
-        if not value:
-            raise ConfigurationError("keys must name at least one key")
-        for template in value:
-            if not isinstance(template, str):
-                raise TypeError(f"every key template must be a str, got {type(template).__name__}")
-            if not template:
-                raise KeyTemplateError("key template is empty", template=template)
-        self.templates = tuple(value)
-
-
 class _LockAspect:
-    __slots__ = ("_explicit", "_names", "_policy", "_resolved", "client", "function", "key")
+    __slots__ = ("_explicit", "_names", "_policy", "_resolved", "client", "function")
 
-    def __init__(
-        self,
-        function: Callable[..., Any],
-        key: object,
-        explicit: dict[str, Any],
-        client: LockClient | None,
-        policy: str | None,
-    ) -> None:
+    def __init__(self, function: Callable[..., Any], explicit: dict[str, Any], client: LockClient | None) -> None:
         self.function = function
-        self.key = key
         self.client = client
         self._explicit = explicit
-        self._policy = policy
+        self._policy: str | None = explicit.get("policy")
         self._names = ArgumentNames(function)
         self._resolved: _Resolved | None = None
 
@@ -146,8 +90,7 @@ class _LockAspect:
         resolved = self._resolved
         if resolved is not None and resolved.generation == generation:
             return resolved
-        options = dict(_DEFAULTS)
-        key = self.key
+        policy = None
         if self._policy is not None:
             policy = config.get_policy(self._policy)
             if policy is None:
@@ -157,17 +100,14 @@ class _LockAspect:
                 raise ConfigurationError(
                     f"unknown lock policy {self._policy!r} for {self._names.qualname}() (known: {known})"
                 )
-            if key is None:
-                key = policy.pop("key", None)
-            else:
-                policy.pop("key", None)
-            options.update(policy)
-        options.update(self._explicit)
+        checked = options.check(options.merge(policy, self._explicit))
+        spec = options.spec_of(checked)
+        key, keys = checked["key"], checked["keys"]
         multi: tuple[KeyTemplate, ...] = ()
         keys_fn = None
-        if isinstance(key, _Keys):
-            multi = tuple(KeyTemplate.parse(t, names=self._names) for t in key.templates)
-            keys_fn = key.fn
+        if keys is not None:
+            multi = tuple(KeyTemplate.parse(t, names=self._names) for t in keys.templates)
+            keys_fn = keys.fn
             template: KeyTemplate | None = None
             key_fn = None
         elif key is None:
@@ -178,36 +118,16 @@ class _LockAspect:
             template, key_fn = KeyTemplate.parse(key, names=self._names), None
         else:
             template, key_fn = None, key
-        spec = LockSpec.create(
-            lease=options["lease"],
-            delay_weight=options["delay_weight"],
-            wait=options["wait"],
-            max_hold=options["max_hold"],
-            on_lost=options["on_lost"],
-            wait_strategy=options["wait_strategy"],
-            fair=options["fair"],
-            permits=options["permits"],
-            mode=options["mode"],
-        )
-        on_failure = options["on_failure"]
-        if on_failure is not None and not callable(on_failure):
-            raise TypeError(f"on_failure must be callable, got {type(on_failure).__name__}")
-        executor_set = options["executor"] is not None
-        executor = check_executor(options["executor"])
+        on_failure = checked["on_failure"]
+        executor_set = checked["executor"] is not None  # "inline" overrides the client's executor
+        executor = check_executor(checked["executor"])
         client = self.client
         if client is None and not at_call:
             client = config._client
-        if spec.lease is None and spec.delay_weight is not None:
-            # A client's own default delay_weight was checked when the client was built.
-            lease = client.watchdog_lease if client is not None else 30.0
-            tick = client.tick if client is not None else 0.1
-            _policy.check_margin(lease, spec.delay_weight, tick)
-        if (multi or keys_fn is not None) and spec.kind.name != "lock":
-            raise ConfigurationError(
-                "keys= takes a plain lock on every key: it cannot be fair, a semaphore or read-write"
-            )
-        if (multi or keys_fn is not None) and executor is not None:
-            raise ConfigurationError("keys= runs the body in the caller (inline): an executor is not supported yet")
+        if client is None:
+            options.check_margin(spec, None, None)
+        else:
+            options.check_margin(spec, client.watchdog_lease, client.tick)
         resolved = _Resolved(
             spec, template, cast(Any, key_fn), executor, executor_set, on_failure, generation, multi, keys_fn
         )
@@ -410,29 +330,14 @@ def distributed_lock(
     )
 
 
-def _decorator(key: Any, client: Any, policy: Any, **options: Any) -> Callable[[F], F]:
+def _decorator(key: Any, client: Any, policy: Any, **given: Any) -> Callable[[F], F]:
     """Check the options given explicitly (``_UNSET``: not given, a policy may supply it) and
     return the decorator (shared by the lock and the semaphore)."""
-    keys = options.pop("keys", None)
-    if key is not None and not isinstance(key, str) and not callable(key):
-        raise TypeError(f"key must be a template string or a callable, got {type(key).__name__}")
-    if isinstance(key, str) and not key:
-        raise KeyTemplateError("key template is empty", template=key)
-    if keys is not None:
-        if key is not None:
-            raise ConfigurationError("give key= or keys=, not both")
-        key = _Keys(keys)
     if client is not None and not isinstance(client, LockClient):
         raise TypeError(f"client must be a LockClient, got {type(client).__name__}")
-    if policy is not None and (not isinstance(policy, str) or not policy):
-        raise TypeError(f"policy must be a non-empty str, got {policy!r}")
-    explicit = {name: value for name, value in options.items() if value is not _UNSET}
-    # Check explicit options now even if a policy will be merged in later.
-    LockSpec.create(**{k: v for k, v in explicit.items() if k in _SPEC_OPTIONS})
-    if explicit.get("on_failure") is not None and not callable(explicit["on_failure"]):
-        raise TypeError(f"on_failure must be callable, got {type(explicit['on_failure']).__name__}")
-    if "executor" in explicit:
-        check_executor(explicit["executor"])
+    explicit = options.explicit({"key": key, "policy": policy, **given})
+    # Check the explicit options now, even if a policy will be merged in later.
+    options.check(explicit)
 
     def decorate(function: F) -> F:
         target: Any = function
@@ -452,7 +357,7 @@ def _decorator(key: Any, client: Any, policy: Any, **options: Any) -> Callable[[
                 f"executor= does not apply to async def {target.__qualname__}(): its body runs as a "
                 "task on the running event loop"
             )
-        aspect = _LockAspect(target, key, explicit, client, policy)
+        aspect = _LockAspect(target, explicit, client)
         aspect.resolve(at_call=False)
 
         if is_async:

@@ -25,13 +25,12 @@ from .errors import ConfigurationError, LockNotAcquired
 from .executor import check_executor
 from .keys import check_key
 from .observe import ClientStats, LogObserver, Observer, Observers, StatsObserver
+from .options import WAIT_STRATEGIES as WAIT_STRATEGIES
 from .options import LockSpec, OnLost
 
 __all__ = ["ClientStats", "LockClient", "LockSpec"]
 
 _SCHEMES = ("redis", "rediss", "unix")
-
-_DEFAULT_SPEC = LockSpec()
 
 _clients: weakref.WeakSet[LockClient] = weakref.WeakSet()
 
@@ -276,26 +275,15 @@ class LockClient:
             with client.lock("order:42", wait=2.0) as lease:
                 write(order, fence=lease.fencing_token)
         """
-        if (
-            lease is None
-            and wait == 0.0
-            and delay_weight is None
-            and on_lost is None
-            and max_hold is None
-            and wait_strategy == "notify"
-            and fair is False
-        ):
-            spec = _DEFAULT_SPEC
-        else:
-            spec = LockSpec.create(
-                lease=lease,
-                delay_weight=delay_weight,
-                wait=wait,
-                max_hold=max_hold,
-                on_lost=on_lost,
-                wait_strategy=wait_strategy,
-                fair=fair,
-            )
+        spec = LockSpec.create(
+            lease=lease,
+            delay_weight=delay_weight,
+            wait=wait,
+            max_hold=max_hold,
+            on_lost=on_lost,
+            wait_strategy=wait_strategy,
+            fair=fair,
+        )
         return LockBlock(self._engine, check_key(key), spec)
 
     def fair_lock(

@@ -9,11 +9,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from . import _policy
-from .client import LockClient, LockSpec
+from . import options as _options
+from .client import LockClient
 from .errors import ConfigurationError, KeyTemplateError
-from .executor import check_executor
-from .keys import KeyTemplate
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -24,22 +22,9 @@ __all__ = ["POLICY_FIELDS", "configure", "default_client", "get_policy", "load_p
 
 ENV_URL = "LOCKASPECT_URL"
 
-#: Options a named policy may set (the decorator's, minus ``client`` and ``policy``).
-POLICY_FIELDS = frozenset(
-    {
-        "key",
-        "lease",
-        "delay_weight",
-        "wait",
-        "max_hold",
-        "on_failure",
-        "on_lost",
-        "executor",
-        "wait_strategy",
-        "fair",
-        "mode",
-    }
-)
+#: Options a named policy may set (the decorator's, minus ``client``, ``policy``, ``keys``
+#: and ``permits``): see :mod:`lockaspect.options`.
+POLICY_FIELDS = _options.POLICY_FIELDS
 
 _lock = threading.Lock()
 _client: LockClient | None = None
@@ -62,8 +47,9 @@ def configure(
         policies: Named policies, as a mapping ``{"orders.create": {"key": ..., "lease":
             30}}`` or the path of a TOML file with ``[locks."orders.create"]`` tables.
             Replaces the policies configured before. Each policy may set ``key``,
-            ``lease``, ``delay_weight``, ``wait``, ``max_hold``, ``on_failure``, ``on_lost``
-            and ``executor``; values are checked here. TOML has no null, so write
+            ``lease``, ``delay_weight``, ``wait``, ``max_hold``, ``on_failure``, ``on_lost``,
+            ``executor``, ``wait_strategy``, ``fair`` and ``mode`` (:data:`POLICY_FIELDS`);
+            values are checked here. TOML has no null, so write
             ``lease = "watchdog"``, ``wait = "forever"`` and ``max_hold = "none"`` for ``None``.
 
     Returns:
@@ -149,11 +135,14 @@ def load_policies(path: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
     locks = data.get("locks")
     if not isinstance(locks, dict):
         raise ConfigurationError(f'lock policy file {file} has no [locks."<name>"] tables')
-    return _parse_policies(locks, source=str(file))
+    return _parse_policies(locks, source=str(file), toml=True)
 
 
 def _parse_policies(
-    policies: Mapping[str, Mapping[str, Any]] | str | os.PathLike[str], source: str = "configure()"
+    policies: Mapping[str, Mapping[str, Any]] | str | os.PathLike[str],
+    source: str = "configure()",
+    *,
+    toml: bool = False,
 ) -> dict[str, dict[str, Any]]:
     if isinstance(policies, (str, os.PathLike)):
         return load_policies(policies)
@@ -171,43 +160,15 @@ def _parse_policies(
                 f"policy {name!r} in {source} has unknown option(s) {', '.join(unknown)}; "
                 f"allowed: {', '.join(sorted(POLICY_FIELDS))}"
             )
-        parsed[name] = _check_options(name, dict(options), source)
+        parsed[name] = _check_options(name, dict(options), source, toml=toml)
     return parsed
 
 
-#: TOML has no null: these strings stand for ``None`` in policy files (and mappings).
-_NONE_SPELLINGS = {"lease": "watchdog", "wait": "forever", "max_hold": "none"}
-
-
-def _check_options(name: str, options: dict[str, Any], source: str) -> dict[str, Any]:
-    where = f"policy {name!r} in {source}"
-    for option, spelling in _NONE_SPELLINGS.items():
-        if options.get(option) == spelling:
-            options[option] = None
+def _check_options(name: str, options: dict[str, Any], source: str, *, toml: bool = False) -> dict[str, Any]:
+    """Check one policy's options (see :func:`lockaspect.options.check_policy`); the TOML
+    spellings of ``None`` become ``None``. Every error is a ``ConfigurationError`` naming the
+    policy and its source."""
     try:
-        if "key" in options:
-            key = options["key"]
-            if isinstance(key, str):
-                KeyTemplate.parse(key)
-            elif not callable(key):
-                raise TypeError(f"key must be a template string or a callable, got {type(key).__name__}")
-        if "lease" in options:
-            _policy.lease_seconds(options["lease"])
-        if "delay_weight" in options:
-            _policy.check_delay_weight(options["delay_weight"])
-        if "wait" in options:
-            _policy.wait_seconds(options["wait"])
-        if "max_hold" in options:
-            _policy.seconds(options["max_hold"], "max_hold", allow_none=True)
-        for hook in ("on_failure", "on_lost"):
-            if options.get(hook) is not None and not callable(options[hook]):
-                raise TypeError(f"{hook} must be callable")
-        if "executor" in options:
-            check_executor(options["executor"])
-        if "wait_strategy" in options:
-            LockSpec.create(wait_strategy=options["wait_strategy"])
-        if "fair" in options or "mode" in options:
-            LockSpec.create(fair=options.get("fair", False), mode=options.get("mode"))
+        return _options.check_policy(options, toml=toml)
     except (ConfigurationError, KeyTemplateError, TypeError) as exc:
-        raise ConfigurationError(f"{where}: {exc}") from exc
-    return options
+        raise ConfigurationError(f"policy {name!r} in {source}: {exc}") from exc

@@ -22,6 +22,7 @@ Re-entries are counted in one place for every kind: the client (``lease._refs``)
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -103,6 +104,7 @@ READ: LockKind = _Read("read", "read", own_place=True)
 WRITE: LockKind = _Write("write", "write", own_place=True)
 
 
+@functools.lru_cache(maxsize=64)
 def semaphore(permits: int) -> LockKind:
     """The kind of a semaphore with ``permits`` permits (``permits`` already checked)."""
     return _Semaphore("semaphore", "semaphore", permits=permits)
