@@ -20,7 +20,7 @@ from .errors import LockLost
 if TYPE_CHECKING:
     import asyncio
 
-    from .watchdog import Renewal
+    from .renewal import Renewal
 
 __all__ = ["Lease", "current_lease"]
 

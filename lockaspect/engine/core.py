@@ -27,8 +27,9 @@ from ..kinds import LockKind
 from ..lease import Lease, find_held, fork_epoch
 from ..observe import LockEvent, Observers
 from ..options import LockSpec
+from ..renewal import Renewal, lost_guard
 from ..timer import HashedWheelTimer
-from ..watchdog import Renewal, Watchdog, lost_guard
+from ..watchdog import Watchdog
 from .holds import Hold, HoldRef
 
 if TYPE_CHECKING:

@@ -22,7 +22,7 @@ from ..kinds import LockKind
 from ..lease import _HELD, Lease, _push
 from ..observe import LockEvent
 from ..options import LockSpec
-from ..watchdog import Renewal
+from ..renewal import Renewal
 from .core import Engine, Plan, settle
 from .holds import Hold, HoldRef
 from .waiting import ATTEMPT, LISTEN, Waiting, new_token, not_acquired

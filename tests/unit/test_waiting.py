@@ -1,0 +1,147 @@
+"""The wait loop's decisions (lockaspect.engine.waiting), with no store and no clock: each test
+drives a Waiting by hand, as a runner would, and checks the steps it asks for."""
+
+from __future__ import annotations
+
+import pytest
+
+from lockaspect import ConfigurationError, LockNotAcquired
+from lockaspect.backends.base import AcquireResult
+from lockaspect.engine.waiting import ATTEMPT, LISTEN, PAUSE, SUBSCRIBE_TIMEOUT, Waiting
+from lockaspect.errors import BackendError
+from lockaspect.kinds import FAIR, MUTEX
+
+BUSY = AcquireResult(False, holder_ttl=5.0)
+
+
+def waiting(**options: object) -> Waiting:
+    defaults: dict[str, object] = {
+        "keys": ("k",),
+        "kind": MUTEX,
+        "token": "t0",
+        "lease": 30.0,
+        "start": 100.0,
+        "deadline": 110.0,
+        "wait": 10.0,
+        "result": BUSY,
+    }
+    defaults.update(options)
+    keys, kind, token, lease, start, deadline, wait, result = (
+        defaults.pop(name) for name in ("keys", "kind", "token", "lease", "start", "deadline", "wait", "result")
+    )
+    return Waiting(keys, kind, token, lease, start, deadline, wait, result, **defaults)  # type: ignore[arg-type]
+
+
+class TestSingleKey:
+    def test_a_notified_waiter_subscribes_first_then_retries_at_once(self) -> None:
+        w = waiting(notify=True)
+        assert w.step(101.0, False, False) == LISTEN
+        assert (w.listen_key, w.listen_as) == ("k", None)
+        assert w.listen_timeout(101.0) == SUBSCRIBE_TIMEOUT
+        w.listened(True, "proc")
+        assert w.step(101.0, False, True) == ATTEMPT
+        request = w.request(101.0)
+        assert (request.keys, request.token, request.waiter, request.front) == (("k",), "t0", "proc", False)
+
+    def test_a_waiter_queued_by_its_first_attempt_waits_for_the_wake_up(self) -> None:
+        w = waiting(notify=True, queued="proc")
+        assert w.step(101.0, False, False) == LISTEN
+        w.listened(True, "proc")
+        assert w.step(101.0, False, True) == PAUSE  # no attempt: it is queued already
+        w.paused(True)
+        assert w.step(102.0, False, True) == ATTEMPT
+        assert w.request(102.0).front  # woken but beaten to it: keep the head of the queue
+
+    def test_an_unconfirmed_subscription_is_not_made_again_and_the_waiter_polls(self) -> None:
+        w = waiting(notify=True)
+        assert w.step(101.0, False, False) == LISTEN
+        w.listened(False, "proc")
+        assert w.step(101.0, False, False) == ATTEMPT
+        assert not w.attempted(BUSY)
+        assert w.step(101.1, False, False) == PAUSE
+        assert 0 < w.pause <= 10.0
+
+    def test_without_notifications_it_polls_within_the_holders_lease(self) -> None:
+        w = waiting()
+        assert w.step(101.0, False, False) == PAUSE
+        assert 0 < w.pause <= BUSY.holder_ttl + 0.5  # type: ignore[operator]
+        w.paused(False)
+        assert w.step(101.0, False, False) == ATTEMPT
+
+    def test_the_deadline_raises_lock_not_acquired_with_the_wait(self) -> None:
+        w = waiting()
+        with pytest.raises(LockNotAcquired) as caught:
+            w.step(110.0, False, False)
+        assert caught.value.key == "k"
+        assert caught.value.waited == pytest.approx(10.0)
+        assert caught.value.holder_ttl == 5.0
+
+    def test_a_closed_client_stops_the_wait(self) -> None:
+        with pytest.raises(ConfigurationError, match="closed"):
+            waiting().step(101.0, True, False)
+
+    def test_an_acquisition_ends_the_wait_and_leaves_no_queue_place(self) -> None:
+        w = waiting(notify=True)
+        w.step(101.0, False, False)
+        w.listened(True, "proc")
+        w.step(101.0, False, True)
+        w.request(101.0)
+        assert w.attempted(AcquireResult(True, 7))
+        assert w.leaving(False) is None
+
+    def test_giving_up_leaves_the_process_place_only_without_other_waiters(self) -> None:
+        w = waiting(notify=True)
+        w.step(101.0, False, False)
+        w.listened(True, "proc")
+        assert w.leaving(False) == ("k", "proc")
+        assert w.leaving(True) is None  # another waiter of ours takes over the place
+
+    def test_a_transient_failure_retries_with_a_fresh_token_until_the_deadline(self) -> None:
+        w = waiting()
+        failure = BackendError("down", key="k", transient=True)
+        w.failed(failure, 101.0)
+        assert w.token != "t0"
+        assert w.step(101.0, False, False) == PAUSE
+        with pytest.raises(BackendError) as caught:
+            w.step(110.0, False, False)
+        assert caught.value is failure  # the last failure, not "busy"
+
+    def test_a_permanent_failure_raises_at_once(self) -> None:
+        failure = BackendError("bad", key="k", transient=False)
+        with pytest.raises(BackendError):
+            waiting().failed(failure, 101.0)
+
+
+class TestOwnPlace:
+    def test_a_fair_waiter_keeps_its_own_place_and_always_leaves_it(self) -> None:
+        w = waiting(kind=FAIR, notify=True, queued="n-own", own_id="n-own", listens=True)
+        assert w.step(101.0, False, False) == LISTEN
+        assert w.listen_as == "n-own"
+        w.listened(True, "proc")
+        assert w.step(101.0, False, True) == ATTEMPT
+        request = w.request(101.0)
+        assert (request.kind, request.waiter, request.front) == ("fair", "n-own", False)
+        assert w.leaving(True) == ("k", "n-own")
+
+
+class TestMultiKey:
+    def test_it_attempts_first_then_listens_on_the_busy_key(self) -> None:
+        w = waiting(keys=("a", "b"), notify=True, own_id="n-own", multi=True, result=AcquireResult(False))
+        assert w.step(100.0, False, False) == ATTEMPT
+        assert w.request(100.0).waiter is None
+        assert not w.attempted(AcquireResult(False, holder_ttl=2.0, busy="b"))
+        assert w.step(100.1, False, False) == LISTEN
+        assert (w.listen_key, w.listen_as) == ("b", "n-own")
+        assert w.leave_watched() is None
+        w.listened(True, "proc")
+        assert w.step(100.1, False, True) == ATTEMPT
+        assert w.request(100.1).waiter == "n-own"
+        assert not w.attempted(AcquireResult(False, holder_ttl=2.0, busy="a"))
+        assert w.step(100.2, False, True) == LISTEN  # another key is busy now
+        assert w.leave_watched() == ("b", "n-own")
+
+    def test_a_failed_attempt_with_no_wait_raises(self) -> None:
+        w = waiting(keys=("a", "b"), wait=0.0, deadline=100.0, multi=True, result=AcquireResult(False))
+        assert w.step(100.0, False, False) == ATTEMPT
+        with pytest.raises(BackendError):
+            w.failed(BackendError("down", key="a", transient=True), 100.0)
