@@ -21,12 +21,12 @@ from .engine._loop import LoopState
 from .engine.aio import AsyncRunner
 from .engine.core import Engine
 from .engine.sync import SyncRunner
-from .errors import ConfigurationError, LockNotAcquired
+from .errors import ConfigurationError
 from .executor import check_executor
-from .keys import check_key
+from .keys import check_key, check_keys
 from .observe import ClientStats, LogObserver, Observer, Observers, StatsObserver
 from .options import WAIT_STRATEGIES as WAIT_STRATEGIES
-from .options import LockSpec, OnLost
+from .options import LockSpec, OnLost, client_settings
 
 __all__ = ["ClientStats", "LockClient", "LockSpec"]
 
@@ -80,17 +80,7 @@ class LockClient:
         observers: Iterable[Observer] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        lease = _policy.seconds(watchdog_lease, "watchdog_lease")
-        tick_s = _policy.seconds(tick, "tick")
-        assert lease is not None
-        assert tick_s is not None
-        if tick_s >= lease:
-            raise ConfigurationError(f"tick ({tick_s:g}s) must be shorter than watchdog_lease ({lease:g}s)")
-        if delay_weight is None:
-            weight = _policy.default_delay_weight(lease, tick_s)
-        else:
-            weight = _policy.check_delay_weight(delay_weight)
-            _policy.check_margin(lease, weight, tick_s)
+        lease, tick_s, weight = client_settings(watchdog_lease, tick, delay_weight)
         users = Observers.check(observers)
         replicated = _policy.check_wait_replicas(wait_replicas, None)
         if replicated is not None:
@@ -300,17 +290,10 @@ class LockClient:
         """Lock ``key`` fairly: waiters get the lock in the order they asked for it.
 
         The same block, options and guarantees as :meth:`lock` (``lock(key, fair=True)``),
-        plus first come, first served across processes and within one: each waiter takes a
-        place in the key's queue on its first attempt, and a free lock goes only to the
-        first in line (a newcomer does not barge in while others wait). A waiter whose
-        process died, or that hangs, leaves the queue once it made no attempt for
-        ``FAIR_GONE_AFTER`` (5 s), so it holds up those behind it about that long (until the
-        next of them notices: about 5-6 s); one that gives up (``wait`` runs out,
-        cancelled) leaves at once.
-
-        ``wait=0`` tries once and never queues: it fails while others wait, even if the
-        lock is free. Fair and non-fair calls on one key exclude each other, but only fair
-        calls queue in order: use one kind per key.
+        first come, first served across processes: a free lock goes only to the first in
+        line. A waiter whose process died leaves the queue once it made no attempt for
+        ``FAIR_GONE_AFTER`` (5 s); one that gives up leaves at once. ``wait=0`` tries once and
+        never queues. Use one kind per key (docs/concepts/fair-lock.md).
 
         Example::
 
@@ -342,16 +325,12 @@ class LockClient:
         """Lock every key of ``keys`` for a ``with`` (or ``async with``) block, all at once
         or none; the block gets a :class:`~lockaspect.lease.MultiLease`.
 
-        The keys are deduplicated and sorted, and taken in one atomic step on the store, so
-        two calls over overlapping sets can never each hold a part and wait for the other,
-        and a failed attempt leaves nothing behind. While a key is busy the call waits as
-        :meth:`lock` does (woken by that key's release), then tries the whole set again.
-        Each key gets a lease of its own with its own fencing token
-        (``multi.fencing_tokens``); the watchdog renews them together, and the block raises
-        :class:`LockLost` if any of them is lost. Inside the block, ``client.lock(key)`` on
-        one of the keys re-enters it. A multi-key lock whose keys are all held in this
-        context re-enters them; one with only some of them held is refused
-        (:class:`ConfigurationError`: taking the rest later is how deadlocks start).
+        The keys are deduplicated, sorted and taken in one atomic step, so overlapping sets
+        never deadlock and a failed attempt leaves nothing behind; while a key is busy the
+        call waits for its release, then tries the whole set again. Each key has its own
+        lease and fencing token (``multi.fencing_tokens``); the block raises
+        :class:`LockLost` if any is lost. Holding only some of the keys already is refused
+        (:class:`ConfigurationError`); see docs/concepts/multi-key.md.
 
         Raises (at once, before any I/O): :class:`ConfigurationError` for an empty key list,
         :class:`TypeError` for a key that is not a ``str``, :class:`KeyTemplateError` for a
@@ -362,15 +341,7 @@ class LockClient:
             with client.multi_lock([f"account:{a}", f"account:{b}"], wait=5) as both:
                 transfer(a, b, fences=both.fencing_tokens)
         """
-        if isinstance(keys, str):
-            raise TypeError("keys must be an iterable of keys, not a single str (use client.lock)")
-        checked = []
-        for key in keys:
-            if not isinstance(key, str):
-                raise TypeError(f"every key must be a str, got {type(key).__name__}")
-            checked.append(check_key(key))
-        if not checked:
-            raise ConfigurationError("multi_lock needs at least one key")
+        checked = check_keys(keys)
         spec = LockSpec.create(
             lease=lease,
             delay_weight=delay_weight,
@@ -379,20 +350,15 @@ class LockClient:
             on_lost=on_lost,
             wait_strategy=wait_strategy,
         )
-        return MultiLockBlock(self._engine, tuple(sorted(set(checked))), spec)
+        return MultiLockBlock(self._engine, checked, spec)
 
     def rw_lock(self, key: str) -> RWLock:
         """The read-write lock ``key``: many readers at once, or one writer.
 
-        ``client.rw_lock(key).read(...)`` and ``.write(...)`` take the same options as
-        :meth:`lock` and return the same kind of block (``with`` / ``async with``), with a
-        lease renewed by the watchdog, a fencing token, ``LockLost`` and re-entry (a read
-        inside a read, a write inside a write). A writer may also take the read lock inside
-        its write block (downgrade). A reader that asks for the write lock gets
-        :class:`ConfigurationError` at once instead of a deadlock.
-
-        Writers are preferred: while a writer waits, new readers wait too, so a stream of
-        readers cannot starve writers; a waiting writer that died stops counting within 5 s.
+        ``.read(...)`` and ``.write(...)`` take the options of :meth:`lock` and return its
+        kind of block. A writer may read inside its write block (downgrade); a reader asking
+        to write gets :class:`ConfigurationError` at once instead of a deadlock. Writers are
+        preferred: while one waits, new readers wait too (docs/concepts/rw-lock.md).
 
         Example::
 
@@ -419,15 +385,11 @@ class LockClient:
         """Hold one of ``permits`` permits of the semaphore ``key`` for a ``with`` (or
         ``async with``) block; the block gets the permit's :class:`Lease`.
 
-        At most ``permits`` holders at once, across processes. Each permit has a lease of its
-        own: renewed by the watchdog until the block exits (``lease=None``) or fixed, so a
-        dead holder's permit comes back when its lease ends, never later. Waiting, failure,
-        ``LockLost`` and re-entry (a nested block on the same semaphore in the same context
-        re-enters the permit) work as for :meth:`lock`; ``lease.fencing_token`` grows with
-        every permit handed out.
-
-        The store remembers the number of permits. Entering with another number raises
-        :class:`ConfigurationError` and changes nothing: use :meth:`set_permits`.
+        At most ``permits`` holders at once, across processes; each permit has a lease of its
+        own, so a dead holder's permit comes back when its lease ends. Waiting, ``LockLost``
+        and re-entry work as for :meth:`lock`. The store remembers the number of permits:
+        entering with another number raises :class:`ConfigurationError` and changes nothing
+        (use :meth:`set_permits`; docs/concepts/semaphore.md).
 
         Example::
 
@@ -518,52 +480,19 @@ class LockClient:
         state = "closed" if self.closed else "open"
         return f"<LockClient {type(self.backend).__name__} watchdog_lease={self.watchdog_lease:g}s {state}>"
 
-    # -- what the decorator runs (the runners do the work) -------------------------------
+    # -- what the decorator calls (aspect.py); the runners do the work --------------------
 
-    def _run(
-        self,
-        key: str,
-        spec: LockSpec,
-        executor: Executor | None,
-        fn: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        on_failure: Callable[[LockNotAcquired], Any] | None = None,
-    ) -> Any:
-        return self._sync.run(key, spec, executor, fn, args, kwargs, on_failure)
+    def _run(self, *call: Any) -> Any:
+        return self._sync.run(*call)
 
-    async def _arun(
-        self,
-        key: str,
-        spec: LockSpec,
-        fn: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        on_failure: Callable[[LockNotAcquired], Any] | None = None,
-    ) -> Any:
-        return await self._async.run(key, spec, fn, args, kwargs, on_failure)
+    async def _arun(self, *call: Any) -> Any:
+        return await self._async.run(*call)
 
-    def _run_multi(
-        self,
-        keys: tuple[str, ...],
-        spec: LockSpec,
-        fn: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        on_failure: Callable[[LockNotAcquired], Any] | None,
-    ) -> Any:
-        return run_multi(self._engine, keys, spec, fn, args, kwargs, on_failure)
+    def _run_multi(self, *call: Any) -> Any:
+        return run_multi(self._engine, *call)
 
-    async def _arun_multi(
-        self,
-        keys: tuple[str, ...],
-        spec: LockSpec,
-        fn: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        on_failure: Callable[[LockNotAcquired], Any] | None,
-    ) -> Any:
-        return await arun_multi(self._engine, keys, spec, fn, args, kwargs, on_failure)
+    async def _arun_multi(self, *call: Any) -> Any:
+        return await arun_multi(self._engine, *call)
 
     def _loop_state(self) -> LoopState:
         """The running event loop's store and waiter slots (for tests)."""

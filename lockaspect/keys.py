@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import ast
 import operator
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ClassVar, Final
 
 from simpleeval import AttributeDoesNotExist, FeatureNotAvailable, InvalidExpression, NameNotDefined, SimpleEval
@@ -49,7 +49,7 @@ from ._resolvers import register_converter as register_converter
 from ._resolvers import register_resolver as register_resolver
 from ._template_syntax import MAX_EXPRESSION_DEPTH as MAX_EXPRESSION_DEPTH
 from ._template_syntax import Placeholder, parse_pieces
-from .errors import KeyTemplateError
+from .errors import ConfigurationError, KeyTemplateError
 
 __all__ = [
     "DEFAULT_MAX_KEY_BYTES",
@@ -58,6 +58,7 @@ __all__ = [
     "ArgumentNames",
     "KeyTemplate",
     "check_key",
+    "check_keys",
     "encode_value",
     "register_converter",
     "register_resolver",
@@ -70,6 +71,21 @@ DEFAULT_MAX_KEY_BYTES: Final = 1024
 #: :data:`DEFAULT_MAX_KEY_BYTES` a rendered key may have, so no real template comes near it.
 #: Checked first, so nothing else ever looks at more text than this.
 MAX_TEMPLATE_LENGTH: Final = 4096
+
+
+def check_keys(keys: object) -> tuple[str, ...]:
+    """A multi-key lock's keys: each checked, deduplicated and sorted (the order they are taken
+    in); at least one."""
+    if isinstance(keys, str) or not isinstance(keys, Iterable):
+        raise TypeError("keys must be an iterable of keys, not a single str (use client.lock)")
+    checked = []
+    for key in keys:
+        if not isinstance(key, str):
+            raise TypeError(f"every key must be a str, got {type(key).__name__}")
+        checked.append(check_key(key))
+    if not checked:
+        raise ConfigurationError("multi_lock needs at least one key")
+    return tuple(sorted(set(checked)))
 
 
 def check_key(key: object, *, max_bytes: int = DEFAULT_MAX_KEY_BYTES, template: str | None = None) -> str:

@@ -31,10 +31,8 @@ For contributors, adding an option takes:
    ``multi_lock``, ``semaphore`` and ``RWLock.read`` / ``write`` in ``client.py`` (and
    :meth:`LockSpec.create` here), and the bodies that pass them on (to ``_decorator``, to
    ``LockSpec.create``, through ``RWLock._block``). They stay explicit keyword parameters so
-   IDEs and type checkers see them, and they are the only other place an option is named
-   (``tests/unit/test_options.py`` checks that the signatures and this table agree).
-   Everything else (the decorator's merge with a policy, the policy and TOML checks, the
-   allowed policy fields, the TOML spellings of ``None``) reads this table.
+   IDEs and type checkers see them (``tests/unit/test_options.py`` checks that they and
+   this table agree). Everything else reads this table.
 """
 
 from __future__ import annotations
@@ -65,6 +63,7 @@ __all__ = [
     "check",
     "check_margin",
     "check_policy",
+    "client_settings",
     "merge",
     "spec_of",
 ]
@@ -392,6 +391,22 @@ def merge(policy: Mapping[str, Any] | None, given: Mapping[str, Any]) -> dict[st
 def spec_of(values: Mapping[str, Any]) -> LockSpec:
     """The spec of options already through :func:`check` (defaults for those missing)."""
     return LockSpec(*[values.get(name, DEFAULTS[name]) for name in _FIELDS])
+
+
+def client_settings(watchdog_lease: object, tick: object, delay_weight: object) -> tuple[float, float, float]:
+    """A client's ``watchdog_lease``, ``tick`` and default ``delay_weight``, checked (the
+    default weight depends on the lease and the tick, see :func:`_policy.default_delay_weight`)."""
+    lease = _policy.seconds(watchdog_lease, "watchdog_lease")
+    tick_s = _policy.seconds(tick, "tick")
+    assert lease is not None
+    assert tick_s is not None
+    if tick_s >= lease:
+        raise ConfigurationError(f"tick ({tick_s:g}s) must be shorter than watchdog_lease ({lease:g}s)")
+    if delay_weight is None:
+        return lease, tick_s, _policy.default_delay_weight(lease, tick_s)
+    weight = _policy.check_delay_weight(delay_weight)
+    _policy.check_margin(lease, weight, tick_s)
+    return lease, tick_s, weight
 
 
 def check_margin(spec: LockSpec, watchdog_lease: float | None, tick: float | None) -> None:
