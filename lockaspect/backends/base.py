@@ -55,8 +55,9 @@ class Capability(enum.Flag):
     #: Leases expire unless renewed, so the watchdog renews them (Redis, SQL lease tables).
     RENEWABLE = enum.auto()
     #: Holds live as long as a session the store keeps alive itself (ZooKeeper, PostgreSQL
-    #: advisory locks): no watchdog renewals; the store reports a lost session through
-    #: :meth:`Store.renew` answering ``False`` for its leases.
+    #: advisory locks). The engine treats such leases as any other: the watchdog still asks
+    #: :meth:`Store.renew` on its schedule, and the store answers from its session state
+    #: without a round trip (``True`` while the session lives, ``False`` once it was lost).
     SESSION_BOUND = enum.auto()
     #: :meth:`Store.renew` takes many leases and answers in one round trip.
     BATCH_RENEW = enum.auto()

@@ -115,7 +115,6 @@ class Engine:
         self.clock = clock
         self.emit = emit
         self.notify = bool(store.capabilities & Capability.RELEASE_NOTIFY)
-        self.renewable = not store.capabilities & Capability.SESSION_BOUND
         self.closed = False
         self.timer = HashedWheelTimer(tick, clock=clock)
         self.orphans: deque[HoldRef] = deque()
@@ -184,7 +183,7 @@ class Engine:
             raise ConfigurationError(
                 f"{store!r} does not serve {what} locks (it serves: {', '.join(sorted(store.kinds))})", key=key
             )
-        watchdog = spec.lease is None and self.renewable
+        watchdog = spec.lease is None
         delay_weight = self.delay_weight if spec.delay_weight is None else spec.delay_weight
         if spec.lease is None:
             if spec.delay_weight is not None:
