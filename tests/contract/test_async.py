@@ -175,11 +175,15 @@ def test_lost_lease_signal(client: LockClient, kind: str) -> None:
 
     async def main() -> None:
         called = asyncio.Event()
-        with pytest.raises(LockLost):
+
+        async def hold() -> None:
             async with block(client, kind, "lost", on_lost=lambda lease: called.set()) as lease:
                 force_release(client.backend, "lost")
                 await called.wait()
                 assert lease.lost
+
+        with pytest.raises(LockLost):
+            await hold()
 
     run(main())
 

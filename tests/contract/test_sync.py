@@ -146,9 +146,8 @@ def test_watchdog_keeps_the_lock_past_its_lease(make_client: Callable[..., LockC
     holder, other = make_client(), make_client()
     skip_unless_served(holder, kind)
     with block(holder, kind, "wd") as lease:
-        with pytest.raises(LockNotAcquired):
-            with block(other, kind, "wd", wait=1.5):
-                pass
+        with pytest.raises(LockNotAcquired), block(other, kind, "wd", wait=1.5):
+            pass
         assert not lease.lost
     assert holder.stats().renewals >= 1
 
@@ -159,11 +158,15 @@ def test_lost_lease_signal(client: LockClient, kind: str) -> None:
     ``lease.lost`` turns true, ``on_lost`` is called, and the block raises ``LockLost``."""
     skip_unless_served(client, kind)
     called = threading.Event()
-    with pytest.raises(LockLost):
+
+    def hold() -> None:
         with block(client, kind, "lost", on_lost=lambda lease: called.set()) as lease:
             force_release(client.backend, "lost")
             assert called.wait(BOUND)
             assert lease.lost
+
+    with pytest.raises(LockLost):
+        hold()
 
 
 @pytest.mark.parametrize("kind", EXCLUSIVE)
@@ -197,9 +200,8 @@ def test_wait_runs_out(make_client: Callable[..., LockClient], kind: str) -> Non
     skip_unless_served(holder, kind)
     with block(holder, kind, "busy"):
         for wait in (0, 0.2):
-            with pytest.raises(LockNotAcquired) as info:
-                with block(other, kind, "busy", wait=wait):
-                    pass
+            with pytest.raises(LockNotAcquired) as info, block(other, kind, "busy", wait=wait):
+                pass
             assert info.value.key.startswith("busy")
     assert try_now(other, kind, "busy")
 
@@ -235,9 +237,8 @@ def test_bad_input_reaches_no_store(
             (TypeError, lambda: client.multi_lock(["a", 1])),  # type: ignore[list-item]
         ]
     for error, make in cases:
-        with pytest.raises(error) as info:
-            with make():
-                pass
+        with pytest.raises(error) as info, make():
+            pass
         assert type(info.value) is error
     assert calls == []
 
@@ -258,12 +259,10 @@ def test_semaphore_permits(make_client: Callable[..., LockClient]) -> None:
     runs = [in_thread(hold) for _ in range(2)]
     both.wait()
     assert client.permits("sem") == (2, 2)
-    with pytest.raises(LockNotAcquired):
-        with client.semaphore("sem", permits=2):
-            pass
-    with pytest.raises(ConfigurationError):
-        with client.semaphore("sem", permits=3):
-            pass
+    with pytest.raises(LockNotAcquired), client.semaphore("sem", permits=2):
+        pass
+    with pytest.raises(ConfigurationError), client.semaphore("sem", permits=3):
+        pass
     release.set()
     for thread, errors, _ in runs:
         thread.join(BOUND)
@@ -328,9 +327,8 @@ def test_multi_lock_takes_all_or_none(make_client: Callable[..., LockClient]) ->
     client, other = make_client(), make_client()
     skip_unless_served(client, "multi")
     with other.lock("m:b"):
-        with pytest.raises(LockNotAcquired):
-            with client.multi_lock(["m:a", "m:b"]):
-                pass
+        with pytest.raises(LockNotAcquired), client.multi_lock(["m:a", "m:b"]):
+            pass
         assert try_now(other, "lock", "m:a")
     with client.multi_lock(["m:b", "m:a"]) as both:
         assert set(both.fencing_tokens) == {"m:a", "m:b"}
