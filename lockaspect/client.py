@@ -121,43 +121,44 @@ class LockClient:
         observers: Iterable[Observer] | None = None,
         **redis_options: Any,
     ) -> LockClient:
-        """A client for a Redis or Valkey server.
+        """A client for the lock store ``url`` names: a Redis or Valkey server, or this
+        process's memory.
+
+        The store is opened by :func:`lockaspect.backends.open_store`, which picks the
+        factory registered for the URL's scheme (entry points of the group
+        ``lockaspect.stores``, or :func:`~lockaspect.backends.register_store`).
 
         Args:
             url: ``redis://[[user]:password@]host[:port][/db]``, ``rediss://`` for TLS, or
-                ``unix:///path/to/socket[?db=0]``. Query parameters are passed to redis-py.
-            namespace: Prefix of every key the client writes. Must not contain ``{``/``}``.
+                ``unix:///path/to/socket[?db=0]``: query parameters are passed to redis-py.
+                ``memory://``: a store in this process's memory, private to this client, or
+                ``memory://<name>``: shared by every client of that name in this process
+                (for tests of single-process code: see
+                :mod:`lockaspect.backends.memory`; it takes no options).
+            namespace: Prefix of every key the client writes. Must not contain ``{``/``}``
+                (Redis).
             watchdog_lease: See :class:`LockClient`.
             tick: See :class:`LockClient`.
             delay_weight: See :class:`LockClient`.
             executor: See :class:`LockClient`.
             wait_replicas: See :class:`LockClient`.
             observers: See :class:`LockClient`.
-            **redis_options: Passed to ``redis.Redis.from_url`` (``socket_timeout``
-                defaults to 2 s; redis-py's own command retries are switched off, because
-                whether a lock command may be repeated is lockaspect's decision).
+            **redis_options: Passed to the store's factory; for Redis to
+                ``redis.Redis.from_url`` (``socket_timeout`` defaults to 2 s; redis-py's own
+                command retries are switched off, because whether a lock command may be
+                repeated is lockaspect's decision).
 
         Raises:
-            ConfigurationError: at once, before any connection is made, for a malformed URL
-                (bad scheme, port or db) or an option redis-py would not accept (naming it,
-                with the closest allowed name and the allowed ones).
+            ConfigurationError: at once, before any connection is made, for an unknown
+                scheme (listing the registered ones), a malformed URL (bad port or db) or an
+                option the store would not accept (for Redis naming it, with the closest
+                allowed name and the allowed ones).
         """
-        from .backends._redis_options import check_redis_options
+        from .backends import open_store
 
-        check_redis_options(url, redis_options)
         if not isinstance(url, str):
             raise TypeError(f"url must be a str, got {type(url).__name__}")
-        scheme = urlsplit(url).scheme
-        if scheme not in _SCHEMES:
-            raise ConfigurationError(
-                f"unsupported lock store URL {url!r}: the scheme must be one of "
-                f"{', '.join(s + '://' for s in _SCHEMES)}"
-            )
-        if not isinstance(namespace, str) or "{" in namespace or "}" in namespace:
-            raise ConfigurationError(f"namespace must be a str without '{{' or '}}', got {namespace!r}")
-        from .backends.redis import RedisBackend
-
-        backend = RedisBackend.from_url(url, namespace=namespace, **redis_options)
+        backend = open_store(url, namespace=namespace, **redis_options)
         try:
             return cls(
                 backend,

@@ -1,2 +1,150 @@
-"""Lock stores. :mod:`lockaspect.backends.base` defines what a store must do;
-:mod:`lockaspect.backends.redis` is the Redis/Valkey implementation."""
+"""Lock stores, and the registry that opens one from a URL.
+
+:mod:`lockaspect.backends.base` defines what a store must do; :mod:`lockaspect.backends.redis`
+is the Redis/Valkey implementation, :mod:`lockaspect.backends.memory` the in-process one (the
+reference semantics).
+
+:func:`open_store` picks a store factory by the URL's scheme. Factories come from the
+entry-point group ``lockaspect.stores`` (a package that ships a store declares one under its
+scheme, e.g. ``redis = "lockaspect.backends:open_redis_store"``), loaded lazily on first use,
+and from :func:`register_store` for code that registers one at run time. A factory is called
+as ``factory(url, namespace=namespace, **options)`` and returns a
+:class:`~lockaspect.backends.base.Store`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from importlib.metadata import EntryPoint, entry_points
+from typing import Any
+from urllib.parse import urlsplit
+
+from ..errors import ConfigurationError
+from .base import Store
+
+__all__ = [
+    "StoreFactory",
+    "open_memory_store",
+    "open_redis_store",
+    "open_store",
+    "register_store",
+    "registered_schemes",
+]
+
+#: What opens a store: ``factory(url, namespace=..., **options) -> Store``.
+StoreFactory = Callable[..., Store]
+
+#: The entry-point group store factories are registered under, by URL scheme.
+ENTRY_POINT_GROUP = "lockaspect.stores"
+
+_lock = threading.Lock()
+_factories: dict[str, StoreFactory | EntryPoint] = {}  # scheme -> factory, or its unloaded EntryPoint
+_discovered = False
+
+
+def _discover() -> None:
+    """Read the ``lockaspect.stores`` entry points once (loading each only when used);
+    factories registered at run time win over entry points of the same scheme."""
+    global _discovered
+    with _lock:
+        if _discovered:
+            return
+        for point in entry_points(group=ENTRY_POINT_GROUP):
+            _factories.setdefault(point.name, point)
+        _discovered = True
+
+
+def register_store(scheme: str, factory: StoreFactory) -> None:
+    """Open ``scheme://`` URLs with ``factory`` from now on (replacing any factory of that
+    scheme, also one from an entry point)."""
+    if not isinstance(scheme, str) or not scheme or "://" in scheme or scheme != scheme.lower():
+        raise ConfigurationError(f"a store scheme is a lower-case name like 'redis', got {scheme!r}")
+    if not callable(factory):
+        raise TypeError(f"a store factory must be callable, got {type(factory).__name__}")
+    _discover()
+    with _lock:
+        _factories[scheme] = factory
+
+
+def registered_schemes() -> list[str]:
+    """The schemes :func:`open_store` knows, sorted."""
+    _discover()
+    with _lock:
+        return sorted(_factories)
+
+
+def _factory(scheme: str) -> StoreFactory | None:
+    _discover()
+    with _lock:
+        found = _factories.get(scheme)
+    if not isinstance(found, EntryPoint):
+        return found
+    loaded = found.load()  # an EntryPoint: import its factory now, once
+    if not callable(loaded):
+        raise ConfigurationError(f"the store entry point {found.value!r} of {scheme}:// is not callable")
+    with _lock:
+        if _factories.get(scheme) is found:
+            _factories[scheme] = loaded
+        factory = _factories[scheme]
+    assert not isinstance(factory, EntryPoint)
+    return factory
+
+
+def _redacted(url: str) -> str:
+    """``url`` without the password of its user part (an error message must not show it)."""
+    scheme, sep, rest = url.partition("://")
+    userinfo, at, host = rest.rpartition("@")
+    if not sep or not at or ":" not in userinfo:
+        return url
+    return f"{scheme}://{userinfo.split(':', 1)[0]}:***@{host}"
+
+
+def open_store(url: str, *, namespace: str = "lockaspect:", **options: Any) -> Store:
+    """The store ``url`` names, opened by the factory registered for its scheme.
+
+    Args:
+        url: ``redis://``, ``rediss://`` and ``unix://`` URLs (a Redis or Valkey server, see
+            :meth:`~lockaspect.LockClient.from_url`), ``memory://`` or ``memory://<name>``
+            (this process's memory), or any scheme a package registered.
+        namespace: Prefix of every key the store writes.
+        options: Passed to the factory (for Redis: redis-py's options).
+
+    Raises:
+        TypeError: ``url`` is not a ``str``.
+        ConfigurationError: an unknown scheme (the message lists the registered ones), or
+            whatever the factory refuses (a malformed URL, an unknown option).
+    """
+    if not isinstance(url, str):
+        raise TypeError(f"url must be a str, got {type(url).__name__}")
+    try:
+        scheme = urlsplit(url).scheme
+    except ValueError:
+        scheme = ""
+    # Schemes compare case-sensitively (as redis-py does); urlsplit lowercases them.
+    factory = _factory(scheme) if scheme and url.startswith(f"{scheme}://") else None
+    if factory is None:
+        schemes = ", ".join(name + "://" for name in registered_schemes())
+        raise ConfigurationError(f"unsupported lock store URL {_redacted(url)!r}: the scheme must be one of {schemes}")
+    return factory(url, namespace=namespace, **options)
+
+
+def open_redis_store(url: str, *, namespace: str = "lockaspect:", **options: Any) -> Store:
+    """The factory of ``redis://``, ``rediss://`` and ``unix://``: checks the URL and the
+    redis-py options before any connection (:func:`~._redis_options.check_redis_options`)
+    and the namespace, then builds a :class:`~lockaspect.backends.redis.RedisBackend`."""
+    from ._redis_options import check_redis_options
+
+    check_redis_options(url, options)
+    if not isinstance(namespace, str) or "{" in namespace or "}" in namespace:
+        raise ConfigurationError(f"namespace must be a str without '{{' or '}}', got {namespace!r}")
+    from .redis import RedisBackend
+
+    return RedisBackend.from_url(url, namespace=namespace, **options)
+
+
+def open_memory_store(url: str, *, namespace: str = "lockaspect:", **options: Any) -> Store:
+    """The factory of ``memory://`` and ``memory://<name>`` (see :mod:`lockaspect.backends.memory`)."""
+    from .memory import open_memory_store as open_memory
+
+    return open_memory(url, namespace=namespace, **options)

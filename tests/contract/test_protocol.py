@@ -1,0 +1,234 @@
+"""The store protocol itself (:mod:`lockaspect.backends.base`), store by store: what each call
+answers, below the engine."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from collections.abc import Callable
+
+import pytest
+
+from lockaspect.backends.base import (
+    AcquireRequest,
+    AdminStore,
+    AsyncStore,
+    Capability,
+    ReleaseResult,
+    RenewItem,
+    Store,
+)
+
+LEASE = 10.0
+
+
+def token() -> str:
+    return uuid.uuid4().hex
+
+
+def req(kind: str, key: str, owner: str, **fields: object) -> AcquireRequest:
+    return AcquireRequest(kind, (key,), owner, LEASE, **fields)  # type: ignore[arg-type]
+
+
+def test_declarations(store: Store) -> None:
+    assert isinstance(store, Store)
+    assert store.capabilities & Capability.RENEWABLE
+    assert store.capabilities & Capability.FENCING
+    assert {"lock", "fair", "semaphore", "read", "write"} <= store.kinds
+
+
+@pytest.mark.parametrize("kind", ["lock", "fair", "semaphore", "read", "write"])
+def test_acquire_release_reenter(store: Store, kind: str) -> None:
+    """Acquire, retry with the same token (same fence), busy for another (a holder's TTL),
+    re-enter only for the owner, release once."""
+    ours, theirs = token(), token()
+    fields = {"permits": 1} if kind == "semaphore" else {}
+    first = store.acquire(req(kind, "k", ours, **fields))
+    assert first.acquired
+    assert first.fencing_token >= 1
+    again = store.acquire(req(kind, "k", ours, **fields))
+    assert again.acquired
+    assert again.fencing_token == first.fencing_token
+    if kind != "read":
+        busy = store.acquire(req(kind, "k", theirs, **fields))
+        assert not busy.acquired
+        assert busy.holder_ttl is not None
+        assert 0 < busy.holder_ttl <= LEASE
+    assert store.reenter("k", ours, kind)
+    assert not store.reenter("k", theirs, kind)
+    assert store.release("k", theirs, kind) == ReleaseResult.NOT_OWNER
+    assert store.release("k", ours, kind) == ReleaseResult.RELEASED
+    assert store.release("k", ours, kind) == ReleaseResult.NOT_OWNER
+    assert not store.reenter("k", ours, kind)
+    later = store.acquire(req(kind, "k", theirs, **fields))
+    assert later.acquired
+    assert later.fencing_token > first.fencing_token
+
+
+def test_renew_statuses(store: Store) -> None:
+    """One status per item, in order: ours renewed, another's token and an unknown key not."""
+    ours = token()
+    assert store.acquire(req("lock", "r", ours)).acquired
+    assert store.acquire(req("semaphore", "rs", ours, permits=2)).acquired
+    statuses = store.renew(
+        [
+            RenewItem("r", ours, LEASE),
+            RenewItem("r", token(), LEASE),
+            RenewItem("nothing-here", ours, LEASE),
+            RenewItem("rs", ours, LEASE, "semaphore"),
+        ]
+    )
+    assert list(statuses) == [True, False, False, True]
+
+
+def test_short_lease_ends(store: Store) -> None:
+    """A lease ends by itself: another token gets the key, with a larger fencing token, and
+    the old owner's renewal and release answer not-ours."""
+    old, new = token(), token()
+    first = store.acquire(AcquireRequest("lock", ("short",), old, 0.05))
+    assert first.acquired
+    for _ in range(400):
+        later = store.acquire(req("lock", "short", new))
+        if later.acquired:
+            break
+        threading.Event().wait(0.01)  # polling: nothing announces a lease's end
+    assert later.acquired
+    assert later.fencing_token > first.fencing_token
+    assert list(store.renew([RenewItem("short", old, LEASE)])) == [False]
+    assert store.release("short", old) == ReleaseResult.NOT_OWNER
+
+
+def test_release_wakes_the_queued_waiter_and_unqueue_forgets_it(store: Store) -> None:
+    """A busy attempt with a waiter id queues it; the release wakes it through the notifier.
+    An unqueued waiter is not woken."""
+    notifier = store.notifier()
+    assert notifier is not None
+    holder, waiter = token(), store.waiter_id(True)
+    assert store.acquire(req("lock", "q", holder)).acquired
+    assert not store.acquire(req("lock", "q", token(), waiter=waiter)).acquired
+    subscription = notifier.subscribe("q", 5.0, waiter)
+    assert subscription.active
+    assert store.release("q", holder) == ReleaseResult.RELEASED
+    assert subscription.wait(10.0)
+    # queued again, then gone: the release wakes nobody
+    assert store.acquire(req("lock", "q", holder)).acquired
+    assert not store.acquire(req("lock", "q", token(), waiter=waiter)).acquired
+    store.unqueue("q", waiter)
+    assert store.release("q", holder) == ReleaseResult.RELEASED
+    assert not subscription.wait(0.3)
+    notifier.unsubscribe(subscription)
+
+
+def test_fair_try_without_waiter_fails_while_others_queue(store: Store) -> None:
+    holder, waiter = token(), store.waiter_id(False)
+    assert store.acquire(req("fair", "f", holder)).acquired
+    assert not store.acquire(req("fair", "f", token(), waiter=waiter)).acquired
+    assert store.release("f", holder, "fair") == ReleaseResult.RELEASED
+    assert not store.acquire(req("fair", "f", token())).acquired  # promised to the waiter
+    assert store.acquire(req("fair", "f", token(), waiter=waiter)).acquired
+
+
+def test_semaphore_permits_mismatch_changes_nothing(store: Store) -> None:
+    assert store.acquire(req("semaphore", "s", token(), permits=2)).acquired
+    mismatch = store.acquire(req("semaphore", "s", token(), permits=3))
+    assert not mismatch.acquired
+    assert mismatch.permits == 2
+    assert store.acquire(req("semaphore", "s", token(), permits=2)).acquired
+    assert not store.acquire(req("semaphore", "s", token(), permits=2)).acquired
+
+
+def test_read_write(store: Store) -> None:
+    """Readers share, a writer excludes; the writer may read below its write lock."""
+    writer = token()
+    assert store.acquire(req("read", "rw", token())).acquired
+    assert store.acquire(req("read", "rw", token())).acquired
+    assert not store.acquire(req("write", "rw", writer)).acquired
+    assert store.acquire(req("write", "rw2", writer)).acquired
+    assert not store.acquire(req("read", "rw2", token())).acquired
+    downgrade = store.acquire(req("read", "rw2", token(), below=writer))
+    assert downgrade.acquired
+
+
+def test_multi_key(store: Store) -> None:
+    owner = token()
+    assert store.acquire(req("lock", "m2", token())).acquired
+    busy = store.acquire(AcquireRequest("lock", ("m1", "m2"), owner, LEASE))
+    assert not busy.acquired
+    assert busy.busy == "m2"
+    assert store.acquire(req("lock", "m1", token())).acquired  # m1 was not kept
+    both = store.acquire(AcquireRequest("lock", ("m3", "m4"), owner, LEASE))
+    assert both.acquired
+    assert len(both.fencing_tokens) == 2
+    assert both.fencing_token == both.fencing_tokens[0]
+    assert store.acquire(AcquireRequest("lock", ("m3", "m4"), owner, LEASE)).fencing_tokens == both.fencing_tokens
+
+
+def test_permits(store: Store) -> None:
+    admin = store
+    assert admin.permits("p") == (None, 0)  # type: ignore[attr-defined]
+    assert store.acquire(req("semaphore", "p", token(), permits=2)).acquired
+    assert admin.permits("p") == (2, 1)  # type: ignore[attr-defined]
+    assert admin.permits("p", 5) == (5, 1)  # type: ignore[attr-defined]
+
+
+def _admin(store: Store, store_name: str, request: pytest.FixtureRequest) -> AdminStore:
+    if store_name == "redis":
+        request.applymarker(
+            pytest.mark.xfail(
+                strict=True,
+                reason="RedisBackend implements only AdminStore.permits: no describe/held_keys/force_release",
+            )
+        )
+    assert isinstance(store, AdminStore)
+    return store
+
+
+def test_admin_describe_and_held_keys(store: Store, store_name: str, request: pytest.FixtureRequest) -> None:
+    admin = _admin(store, store_name, request)
+    assert admin.describe("a:1") == []
+    first = store.acquire(req("lock", "a:1", token()))
+    store.acquire(req("semaphore", "a:2", token(), permits=3))
+    (state,) = admin.describe("a:1")
+    assert (state.kind, state.holders, state.fencing_token) == ("lock", 1, first.fencing_token)
+    assert 0 < (state.remaining or 0) <= LEASE
+    assert sorted(admin.held_keys("a:*")) == ["a:1", "a:2"]
+    assert admin.describe("a:2")[0].permits == 3
+
+
+def test_admin_force_release_keeps_fencing(store: Store, store_name: str, request: pytest.FixtureRequest) -> None:
+    admin = _admin(store, store_name, request)
+    owner = token()
+    first = store.acquire(req("lock", "fr", owner))
+    assert admin.force_release("fr")
+    assert not admin.force_release("fr")
+    assert not store.reenter("fr", owner)
+    assert store.acquire(req("lock", "fr", token())).fencing_token > first.fencing_token
+
+
+def test_async_twin_shares_the_store(store: Store) -> None:
+    """The asyncio twin serves the same locks (a sync holder keeps an async caller out)."""
+    holder = token()
+    assert store.acquire(req("lock", "twin", holder)).acquired
+
+    async def main() -> None:
+        twin = store.asyncio_twin()
+        assert isinstance(twin, AsyncStore)
+        try:
+            assert not (await twin.acquire(req("lock", "twin", token()))).acquired
+            assert await twin.reenter("twin", holder)
+            assert await twin.release("twin", holder) == ReleaseResult.RELEASED
+            assert (await twin.acquire(req("lock", "twin", token()))).acquired
+        finally:
+            await twin.aclose()
+
+    asyncio.run(main())
+
+
+def test_no_replicas_unless_declared(store: Store, make_store: Callable[[], Store]) -> None:
+    if store.capabilities & Capability.REPLICAS:
+        pytest.skip(f"{store!r} can wait for replicas")
+    from lockaspect import ConfigurationError
+
+    with pytest.raises(ConfigurationError):
+        store.wait_for_replicas(1, 0.5)
