@@ -46,11 +46,11 @@ from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 from redis.retry import Retry
 
-from .._policy import FAIR_GONE_AFTER, FAIR_SUBSCRIBE_GRACE
-from .._wakeup import Wakeup
-from ..errors import BackendError, ConfigurationError
+from ..._policy import FAIR_GONE_AFTER, FAIR_SUBSCRIBE_GRACE
+from ..._wakeup import Wakeup
+from ...errors import BackendError, ConfigurationError
+from ..base import AcquireRequest, AcquireResult, Capability, ReleaseResult, RenewItem
 from ._channels import ChannelTable
-from .base import AcquireRequest, AcquireResult, Capability, ReleaseResult, RenewItem
 
 __all__ = ["LuaScript", "RedisBackend", "RedisNotifier", "load_script", "map_redis_error"]
 
