@@ -17,9 +17,9 @@ is positive. Counted from the send, that is ``lease - drift``: every node starte
 after the caller's clock read, so ``sent + lease - drift`` ends before the lease does on any
 node that granted it, by at least the drift allowance. The contract:
 
-* :meth:`RedlockBackend.acquire`: when acquired, :attr:`AcquireResult.valid_for` is
+* :meth:`RedlockStore.acquire`: when acquired, :attr:`AcquireResult.valid_for` is
   ``lease - drift`` (an attempt whose round trips left no validity is not an acquisition).
-* :meth:`RedlockBackend.renew`: one status per item, ``float | bool | None``:
+* :meth:`RedlockStore.renew`: one status per item, ``float | bool | None``:
 
   - a ``float`` (> 0): renewed by a majority, valid for that many seconds from when the
     renewal was sent (the item's lease - drift);
@@ -32,7 +32,7 @@ node that granted it, by at least the drift allowance. The contract:
   lease asked for.)
 
 What it does not guarantee, and why fencing is still needed, is in docs/concepts/redlock.md.
-Each node is a :class:`~lockaspect.backends.redis.RedisBackend` running the same Lua
+Each node is a :class:`~lockaspect.backends.redis.RedisStore` running the same Lua
 scripts as a single-server lock; the lock family beyond the plain lock (fair, semaphore,
 read-write, multi-key) and ``wait_replicas`` are single-server features.
 """
@@ -47,9 +47,9 @@ from typing import Any
 
 from ...errors import BackendError, ConfigurationError
 from ..base import AcquireRequest, AcquireResult, Capability, ReleaseResult, RenewItem
-from .store import AsyncRedisBackend, RedisBackend
+from .store import AsyncRedisStore, RedisStore
 
-__all__ = ["AsyncRedlockBackend", "RedlockBackend"]
+__all__ = ["AsyncRedlockBackend", "AsyncRedlockStore", "RedlockBackend", "RedlockStore"]
 
 #: Clock-drift allowance: this fraction of the lease plus DRIFT_MIN seconds (the Redis
 #: documentation's figures: 1% plus 2 ms).
@@ -157,32 +157,29 @@ class _Quorum:
             )
 
 
-class RedlockBackend(_Quorum):
-    """A lock store made of several independent Redis or Valkey masters (RedLock).
+class RedlockStore(_Quorum):
+    """A lock store made of several independent Redis or Valkey masters (RedLock). (Old name:
+    ``RedlockBackend``.) It serves plain single-key locks only (:attr:`kinds`).
 
     Args:
-        nodes: At least 3 :class:`RedisBackend` on independent servers (not replicas of each
+        nodes: At least 3 :class:`RedisStore` on independent servers (not replicas of each
             other), all with the same namespace. 5 is the usual choice: it survives 2 nodes
             down.
     """
 
-    def __init__(self, nodes: Sequence[RedisBackend]) -> None:
+    def __init__(self, nodes: Sequence[RedisStore]) -> None:
         super().__init__(len(nodes))
         self.nodes = tuple(nodes)
-        self.namespace = self.nodes[0].namespace
 
     @classmethod
-    def from_urls(cls, urls: Sequence[str], *, namespace: str = "lockaspect:", **options: Any) -> RedlockBackend:
+    def from_urls(cls, urls: Sequence[str], *, namespace: str = "lockaspect:", **options: Any) -> RedlockStore:
         # A dead node must cost little: short timeouts by default (redis-py options win).
         options.setdefault("socket_timeout", 0.25)
         options.setdefault("socket_connect_timeout", 0.25)
-        return cls([RedisBackend.from_url(url, namespace=namespace, **options) for url in urls])
+        return cls([RedisStore.from_url(url, namespace=namespace, **options) for url in urls])
 
-    def asyncio_twin(self) -> AsyncRedlockBackend:
-        return AsyncRedlockBackend([node.asyncio_twin() for node in self.nodes])
-
-    def lock_key(self, key: str) -> str:
-        return self.nodes[0].lock_key(key)
+    def asyncio_twin(self) -> AsyncRedlockStore:
+        return AsyncRedlockStore([node.asyncio_twin() for node in self.nodes])
 
     def __repr__(self) -> str:
         return f"<RedLock store over {self.size} nodes>"
@@ -250,10 +247,11 @@ class RedlockBackend(_Quorum):
             node.reset_after_fork()
 
 
-class AsyncRedlockBackend(_Quorum):
-    """:class:`RedlockBackend` for one event loop: the nodes are asked concurrently."""
+class AsyncRedlockStore(_Quorum):
+    """:class:`RedlockStore` for one event loop: the nodes are asked concurrently. (Old name:
+    ``AsyncRedlockBackend``.)"""
 
-    def __init__(self, nodes: Sequence[AsyncRedisBackend]) -> None:
+    def __init__(self, nodes: Sequence[AsyncRedisStore]) -> None:
         super().__init__(len(nodes))
         self.nodes = tuple(nodes)
 
@@ -308,3 +306,8 @@ class AsyncRedlockBackend(_Quorum):
     async def aclose(self) -> None:
         for node in self.nodes:
             await node.aclose()
+
+
+#: The old names of the two stores.
+RedlockBackend = RedlockStore
+AsyncRedlockBackend = AsyncRedlockStore
