@@ -15,7 +15,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from . import _policy
-from .backends.base import Capability, Store
+from .backends.base import AdminStore, Capability, Store
 from .blocks import LockBlock, MultiLockBlock, RWLock, arun_multi, run_multi
 from .engine._loop import LoopState
 from .engine.aio import AsyncRunner
@@ -422,13 +422,12 @@ class LockClient:
     def permits(self, key: str) -> tuple[int | None, int]:
         """``(permits, in use)`` of the semaphore ``key``: its number of permits (``None`` if
         it was never used) and how many are held now (leases that have not ended)."""
-        state: tuple[int | None, int] = self._admin("permits").permits(check_key(key))
-        return state
+        return self._admin("permits").permits(check_key(key))
 
-    def _admin(self, what: str) -> Any:
+    def _admin(self, what: str) -> AdminStore:
         """The store's admin part, for a semaphore's permits."""
         backend = self.backend
-        if "semaphore" not in backend.kinds or not callable(getattr(backend, "permits", None)):
+        if "semaphore" not in backend.kinds or not isinstance(backend, AdminStore):
             raise ConfigurationError(f"{what}: {backend!r} does not serve semaphores")
         return backend
 

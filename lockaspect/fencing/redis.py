@@ -1,7 +1,7 @@
 """Fenced writes to Redis: :class:`RedisFence` and :class:`AsyncRedisFence`.
 
 Each resource's value and high-water mark share one hash tag; one Lua script
-(``fenced_write.lua``, loaded from ``lockaspect/backends/lua/`` with the lock scripts)
+(``fenced_write.lua``, loaded from ``lockaspect/backends/redis/lua/`` with the lock scripts)
 compares the writer's token with the mark and writes only if the token is not older. The
 concept, and the same pattern for SQL, are in :mod:`lockaspect.fencing`, the import path
 to use (``from lockaspect.fencing import RedisFence``).

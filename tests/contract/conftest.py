@@ -116,14 +116,9 @@ def fence(lease: Lease | MultiLease, key: str) -> int:
 
 def force_release(store: Store, key: str) -> None:
     """Delete every hold of ``key`` behind its holders' backs: the store's
-    :meth:`AdminStore.force_release`, or for a Redis store without it its keys."""
-    if isinstance(store, AdminStore):
-        assert store.force_release(key)
-        return
-    assert isinstance(store, RedisBackend)
-    base = store.lock_key(key)
-    deleted = store.redis.delete(base, base + ":rw:w", base + ":rw:r", base + ":rw:fences", base + ":sem")
-    assert deleted >= 1
+    :meth:`AdminStore.force_release` (every store of the suite has it)."""
+    assert isinstance(store, AdminStore)
+    assert store.force_release(key)
 
 
 def force_release_all(store: Store, key: str, kind: str) -> None:

@@ -172,20 +172,13 @@ def test_permits(store: Store) -> None:
     assert admin.permits("p", 5) == (5, 1)  # type: ignore[attr-defined]
 
 
-def _admin(store: Store, store_name: str, request: pytest.FixtureRequest) -> AdminStore:
-    if store_name == "redis":
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=True,
-                reason="RedisBackend implements only AdminStore.permits: no describe/held_keys/force_release",
-            )
-        )
+def _admin(store: Store) -> AdminStore:
     assert isinstance(store, AdminStore)
     return store
 
 
-def test_admin_describe_and_held_keys(store: Store, store_name: str, request: pytest.FixtureRequest) -> None:
-    admin = _admin(store, store_name, request)
+def test_admin_describe_and_held_keys(store: Store) -> None:
+    admin = _admin(store)
     assert admin.describe("a:1") == []
     first = store.acquire(req("lock", "a:1", token()))
     store.acquire(req("semaphore", "a:2", token(), permits=3))
@@ -196,8 +189,8 @@ def test_admin_describe_and_held_keys(store: Store, store_name: str, request: py
     assert admin.describe("a:2")[0].permits == 3
 
 
-def test_admin_force_release_keeps_fencing(store: Store, store_name: str, request: pytest.FixtureRequest) -> None:
-    admin = _admin(store, store_name, request)
+def test_admin_force_release_keeps_fencing(store: Store) -> None:
+    admin = _admin(store)
     owner = token()
     first = store.acquire(req("lock", "fr", owner))
     assert admin.force_release("fr")

@@ -21,7 +21,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-import lockaspect.backends
+import lockaspect.backends.redis
 from lockaspect import BackendError, LockClient, LockLost
 from lockaspect.backends.base import ReleaseResult, RenewItem
 from lockaspect.backends.redis import AsyncRedisBackend, RedisBackend, load_script
@@ -129,7 +129,7 @@ def test_every_script_that_reads_the_clock_asks_for_effects_replication_first() 
     """Redis 6.2 with ``lua-replicate-commands no`` refuses a write after TIME unless the
     script called ``redis.replicate_commands()`` before any command: each script that reads
     TIME starts with that call (its first statement, guarded for servers without it)."""
-    lua = Path(lockaspect.backends.__file__).parent / "lua"
+    lua = Path(lockaspect.backends.redis.__file__).parent / "lua"
     clocked = []
     for path in sorted(lua.glob("*.lua")):
         if path.name == "lib.lua":

@@ -1,11 +1,11 @@
 """The pure subscription bookkeeping shared by the sync and async release notifiers
-(``lockaspect.backends._channels.ChannelTable``): no I/O, so no server."""
+(``lockaspect.backends.redis._channels.ChannelTable``): no I/O, so no server."""
 
 from __future__ import annotations
 
 import pytest
 
-from lockaspect.backends._channels import IDLE_UNSUBSCRIBE, PENDING_WAKE, ChannelTable
+from lockaspect.backends.redis._channels import IDLE_UNSUBSCRIBE, PENDING_WAKE, ChannelTable
 
 #: Wake channels of one notifier's waiter id on two locks (see ``_RedisLocks.wake_channel``).
 A = b"ns:{a}:wake:w1"

@@ -1,0 +1,289 @@
+"""The asyncio fast path of lock commands: :class:`_AsyncWire`, the twin of
+:class:`~._wire._Wire` for one event loop, and the script calls over it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import queue
+from typing import Any
+
+from redis.exceptions import NoScriptError, RedisError, ResponseError
+
+from ._script import LuaScript, _pack_any, _packed
+from ._wire import DRAIN_FOR, _connection_factory, _return_token_when_gone, _tokens, _Undo
+
+__all__ = ["_AsyncWire", "_run_async", "_run_async_then"]
+
+
+#: Above this many buffered bytes an async lock command waits for the socket to drain.
+_WRITE_HIGH_WATER = 64 * 1024
+
+
+class _AsyncWire:
+    """:class:`_Wire` for one event loop: pre-packed lock commands over connections kept in
+    a LIFO list, checked before reuse (the loop reads a closed connection's EOF into its
+    stream as soon as it arrives), never sent twice, at most ``max_connections - 2`` at once,
+    and a failed or cancelled command's ``undo`` written behind it on the same connection.
+
+    A fresh connection connects in a task of its own, shielded from the caller: before
+    Python 3.12, ``asyncio.wait_for`` (which redis-py wraps around the handshake's writes)
+    can swallow a cancellation that lands as a write completes, and the caller would then go
+    on, and into its critical section, as if it had not been cancelled."""
+
+    __slots__ = ("_client", "_free", "_make", "_tasks", "_tokens", "_waiters")
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        pool = getattr(client, "connection_pool", None)
+        self._make = _connection_factory(client, pool)
+        self._free: list[Any] = []
+        self._tokens = _tokens(pool)
+        self._waiters: list[asyncio.Future[None]] = []
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    async def call(self, packed: bytes, args: tuple[object, ...], undo: _Undo | None = None) -> Any:
+        if self._make is None:
+            try:
+                return await self._client.execute_command(*args)
+            except BaseException:
+                if undo is not None:
+                    self._spawn(self._undo_apart(undo))
+                raise
+        connection = await self._checkout()
+        return (await self._round_trip(connection, (packed,), 1, undo))[0]
+
+    async def call_then(
+        self, packed: bytes, args: tuple[object, ...], then: tuple[bytes, ...], undo: _Undo | None = None
+    ) -> tuple[Any, Any]:
+        """:meth:`_Wire.call_then` for one event loop."""
+        if self._make is None:
+            try:
+                pipe = self._client.pipeline(transaction=False)
+                pipe.execute_command(*args)
+                pipe.execute_command(*then)
+                replies = await pipe.execute(raise_on_error=False)
+            except BaseException:
+                if undo is not None:
+                    self._spawn(self._undo_apart(undo))
+                raise
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise reply
+            return replies[0], replies[1]
+        connection = await self._checkout()
+        first, second = await self._round_trip(connection, (packed, _packed(then)), 2, undo)
+        if isinstance(first, ResponseError):
+            raise first
+        return first, second
+
+    async def _round_trip(self, connection: Any, frames: tuple[bytes, ...], count: int, undo: _Undo | None) -> Any:
+        """Write ``frames`` (no await: nothing can interrupt it) and read ``count`` replies (an
+        error reply to any but the last is returned, not raised)."""
+        try:
+            writer = connection._writer
+            for frame in frames:
+                writer.write(frame)
+        except BaseException:
+            _abandon(connection)
+            self._checkin(connection)
+            if undo is not None:
+                self._spawn(self._undo_apart(undo))
+            raise
+        replies: list[Any] = []
+        try:
+            # redis.asyncio wraps every write in asyncio.wait_for (a task and a timer per
+            # command) when a socket timeout is set. A write only appends to the transport's
+            # buffer; drain, under the timeout, only when the buffer is past its high-water
+            # mark. The read keeps redis-py's own timeout.
+            if writer.transport.get_write_buffer_size() > _WRITE_HIGH_WATER:
+                await asyncio.wait_for(writer.drain(), connection.socket_timeout)
+            while len(replies) < count - 1:
+                try:
+                    replies.append(await connection.read_response(disconnect_on_error=False))
+                except ResponseError as exc:
+                    replies.append(exc)
+            replies.append(await connection.read_response(disconnect_on_error=False))
+        except ResponseError:
+            self._checkin(connection)  # the whole reply was read: the connection is clean
+            raise
+        except BaseException:
+            # A timeout, a cancellation: the command went out and may run.
+            if undo is None or not self._undo_behind(connection, undo):
+                _abandon(connection)  # half a reply may be on the socket: reconnects on next use
+                self._checkin(connection)
+            raise
+        self._checkin(connection)
+        return replies
+
+    async def _checkout(self) -> Any:
+        free = self._free
+        tokens = self._tokens
+        while True:
+            if free:
+                connection = free.pop()
+                reader = getattr(connection, "_reader", None)
+                if reader is not None and (reader.at_eof() or reader.exception() is not None):
+                    _abandon(connection)  # the server closed it: reconnect
+                break
+            if tokens is None or _take_token(tokens):
+                assert self._make is not None
+                try:
+                    connection = self._make()
+                except BaseException:
+                    if tokens is not None:
+                        tokens.put(None)
+                    raise
+                if tokens is not None:
+                    _return_token_when_gone(connection, tokens)
+                break
+            # All busy: wait for one to come back (or, every 50 ms, for a token).
+            loop = asyncio.get_running_loop()
+            waiter: asyncio.Future[None] = loop.create_future()
+            timer = loop.call_later(0.05, _resolve_none, waiter)
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            finally:
+                timer.cancel()
+                if waiter in self._waiters:
+                    self._waiters.remove(waiter)
+                elif waiter.cancelled() and free:
+                    self._wake_one()  # pass on a wake-up we will not use
+        if connection.is_connected:
+            return connection
+        task = self._spawn(connection.connect())
+        try:
+            await asyncio.shield(task)
+        except BaseException:
+            # Cancelled (the connect goes on, the connection comes back when it is done) or
+            # failed (the connection reconnects on its next use).
+            if task.done():
+                self._checkin(connection)
+            else:
+                task.add_done_callback(lambda _: self._checkin(connection))
+            raise
+        return connection
+
+    def _checkin(self, connection: Any) -> None:
+        self._free.append(connection)
+        self._wake_one()
+
+    def _wake_one(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.pop(0)
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
+        task: asyncio.Task[Any] = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def _undo_behind(self, connection: Any, undo: _Undo) -> bool:
+        """Write ``undo()`` behind the command in flight and half-close the connection, then
+        drain it in the background (see :meth:`_Wire._undo_behind`)."""
+        writer = getattr(connection, "_writer", None)
+        if writer is None or writer.is_closing():
+            self._spawn(self._undo_apart(undo))
+            return False
+        try:
+            writer.write(b"".join(_pack_any(command) for command in undo()))
+            if writer.can_write_eof():
+                writer.write_eof()
+        except (OSError, RuntimeError):
+            self._spawn(self._undo_apart(undo))
+            return False
+        # Out of the free list for good, still counted until it is drained and closed.
+        reader = connection._reader
+        parser = getattr(connection, "_parser", None)
+        if parser is not None:
+            with contextlib.suppress(Exception):
+                parser.on_disconnect()
+        connection._reader = connection._writer = None
+        self._spawn(self._drain(reader, writer))
+        return True
+
+    async def _drain(self, reader: Any, writer: Any) -> None:
+        async def until_eof() -> None:
+            while await reader.read(65536):
+                pass
+
+        try:
+            await asyncio.wait_for(until_eof(), DRAIN_FOR)
+        except BaseException:  # noqa: BLE001 - the server went away, or we gave up
+            pass
+        finally:
+            writer.close()
+
+    async def _undo_apart(self, undo: _Undo) -> None:
+        """Best effort: ``undo()`` on another connection."""
+        for command in undo():
+            with contextlib.suppress(RedisError, OSError):
+                await self.call(_pack_any(command), command)
+
+    async def close(self) -> None:
+        free, self._free = self._free, []
+        for connection in free:
+            await connection.disconnect(nowait=True)
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(list(self._tasks))
+
+
+def _take_token(tokens: queue.SimpleQueue[Any]) -> bool:
+    try:
+        tokens.get_nowait()
+    except queue.Empty:
+        return False
+    return True
+
+
+def _resolve_none(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def _abandon(connection: Any) -> None:
+    """Close an asyncio connection without awaiting (we may be handling a cancellation)."""
+    writer = getattr(connection, "_writer", None)
+    if writer is not None:
+        writer.close()
+    parser = getattr(connection, "_parser", None)
+    if parser is not None:
+        parser.on_disconnect()
+    connection._reader = connection._writer = None
+
+
+async def _run_async(
+    script: LuaScript,
+    wire: _AsyncWire,
+    client: Any,
+    keys: tuple[bytes, ...],
+    args: tuple[bytes, ...],
+    undo: _Undo | None = None,
+) -> Any:
+    """:meth:`LuaScript.run` for one event loop."""
+    try:
+        return await wire.call(script.packed(keys, args), script.command(keys, args), undo)
+    except NoScriptError:
+        return await wire.call(script.packed_eval(keys, args), script.eval_command(keys, args), undo)
+
+
+async def _run_async_then(
+    script: LuaScript,
+    wire: _AsyncWire,
+    client: Any,
+    keys: tuple[bytes, ...],
+    args: tuple[bytes, ...],
+    then: tuple[bytes, ...],
+    undo: _Undo | None = None,
+) -> tuple[Any, Any]:
+    """:meth:`LuaScript.run_then` for one event loop."""
+    try:
+        return await wire.call_then(script.packed(keys, args), script.command(keys, args), then, undo)
+    except NoScriptError:
+        return await wire.call_then(script.packed_eval(keys, args), script.eval_command(keys, args), then, undo)

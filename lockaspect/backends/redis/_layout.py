@@ -1,0 +1,417 @@
+"""What the Redis store's twins share, with no I/O: the key layout, how each script call's
+keys and arguments are encoded and its reply decoded, and the operation table (:class:`Op`:
+one entry per script-level operation, run by each twin's one generic routine).
+
+Key layout for a lock rendered as ``order:42`` in namespace ``lockaspect:``::
+
+    lockaspect:{order:42}            hash {<owner field>: holds, "fence": n}, with the lease as TTL
+    lockaspect:{order:42}:fence      fence counter (INCR per first acquisition, no TTL)
+    lockaspect:{order:42}:waiters    FIFO list of waiter ids (one per waiting notifier)
+    lockaspect:{order:42}:wake:<id>  pub/sub channel of one waiter; a release wakes the first
+    lockaspect:{order:42}:fair…      the fair lock's queue (see acquire.lua)
+    lockaspect:{order:42}:sem…       a semaphore's holders, permits, fences, waiters
+    lockaspect:{order:42}:rw:…       a read-write lock's writer, readers, fences, waiters
+
+An owner's field is its token as it is, except that the token ``fence`` and tokens starting
+with ``#`` are stored with a ``#`` in front (``fence`` -> ``#fence``, ``#x`` -> ``##x``; see
+``owner_field`` in lua/lib.lua). No token's field is ``fence``, so no caller can pass for an
+owner of the fencing token, whatever token it sends; a read-write lock's writer hash
+(``…:rw:w``) stores its owner the same way. A value of another type at a lock's key (not
+written by lockaspect) counts as another owner's: busy, and never ours to renew or release.
+
+All of them share the hash tag ``{order:42}``, so Redis Cluster keeps them in one slot.
+Rendered keys never contain ``{`` or ``}`` (values are percent-encoded, templates may not
+contain them), so the tag cannot be broken from outside.
+
+The fence counter outlives the lock on purpose: a fencing token must exceed every token
+issued before for that key, also after the lock expired. That costs one small key per
+distinct lock name ever used.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, TypeVar
+
+from ..._policy import FAIR_GONE_AFTER, FAIR_SUBSCRIBE_GRACE
+from ...errors import ConfigurationError
+from ..base import AcquireRequest, AcquireResult, Capability, ReleaseResult
+from ._script import LuaScript
+from ._wire import _Undo
+
+__all__ = ["SCRIPTS", "Op"]
+
+T = TypeVar("T")
+
+#: A script call's keys and arguments, in the wire's bytes.
+Encoded = tuple[tuple[bytes, ...], tuple[bytes, ...]]
+
+
+def _ms(seconds: float) -> int:
+    """Seconds as whole milliseconds, rounded UP (less a float's noise: 0.3 s is 300 ms): the
+    store's lease must never end before the client's local estimate of it."""
+    return max(1, math.ceil(seconds * 1000 - 1e-6))
+
+
+_FAIR_GONE_MS = b"%d" % _ms(FAIR_GONE_AFTER)
+_FAIR_GRACE_MS = b"%d" % _ms(FAIR_SUBSCRIBE_GRACE)
+
+#: Every script a store runs (loaded per instance; see :class:`_Layout`).
+SCRIPTS = (
+    "acquire.lua",
+    "reenter.lua",
+    "release.lua",
+    "renew.lua",
+    "unqueue.lua",
+    "sem_acquire.lua",
+    "sem_release.lua",
+    "sem_renew.lua",
+    "sem_reenter.lua",
+    "sem_set.lua",
+    "rw_acquire.lua",
+    "rw_release.lua",
+    "rw_held.lua",
+    "multi_acquire.lua",
+    "describe.lua",
+    "force_release.lua",
+    "held.lua",
+)
+
+
+class _Layout:
+    """The namespace, the scripts (per instance: each keeps its own pre-packed heads), the key
+    layout, and the encoders and undo builders the operation table names. No I/O."""
+
+    capabilities = (
+        Capability.RENEWABLE
+        | Capability.BATCH_RENEW
+        | Capability.RELEASE_NOTIFY
+        | Capability.FENCING
+        | Capability.MULTI_KEY
+        | Capability.REPLICAS
+    )
+    kinds = frozenset({"lock", "fair", "semaphore", "read", "write"})
+
+    @staticmethod
+    def waiter_id(listens: bool) -> str:
+        """A waiter id with a queue place of its own; ids of waiters that will not listen for
+        wake-ups start with "p" (release.lua hands them a free lock without a message)."""
+        return ("n" if listens else "p") + os.urandom(8).hex()
+
+    def __init__(self, namespace: str) -> None:
+        if "{" in namespace or "}" in namespace:
+            raise ValueError(f"namespace must not contain '{{' or '}}': {namespace!r}")
+        self.namespace = namespace
+        #: ``WAIT numreplicas timeout`` sent behind each acquire attempt, or ``None``.
+        self._wait_command: tuple[bytes, ...] | None = None
+        #: The scripts by file name, as the operation table names them.
+        self._scripts = {name: LuaScript(name) for name in SCRIPTS}
+        # The scripts the hot path, the undo builders and the renewals use by attribute.
+        self._acquire = self._scripts["acquire.lua"]
+        self._release = self._scripts["release.lua"]
+        self._renew = self._scripts["renew.lua"]
+        self._sem_renew = self._scripts["sem_renew.lua"]
+        self._sem_release = self._scripts["sem_release.lua"]
+        self._rw_release = self._scripts["rw_release.lua"]
+
+    # -- the key layout --
+
+    def lock_key(self, key: str) -> str:
+        return f"{self.namespace}{{{key}}}"
+
+    def fence_key(self, key: str) -> str:
+        return f"{self.namespace}{{{key}}}:fence"
+
+    def queue_key(self, key: str) -> str:
+        return f"{self.namespace}{{{key}}}:waiters"
+
+    def wake_channel(self, key: str, waiter: str) -> str:
+        """The channel on which a release wakes ``waiter`` (see release.lua)."""
+        return f"{self.namespace}{{{key}}}:wake:{waiter}"
+
+    def semaphore_key(self, key: str) -> str:
+        """A semaphore's holders: a sorted set of owner tokens by permit expiry (see
+        sem_acquire.lua); ``…:permits``, ``…:fences`` and ``…:waiters`` sit next to it."""
+        return f"{self.namespace}{{{key}}}:sem"
+
+    def fair_queue_key(self, key: str) -> str:
+        """The fair lock's waiter queue, in arrival order (see acquire.lua)."""
+        return f"{self.namespace}{{{key}}}:fair"
+
+    def rw_keys(self, key: str) -> dict[str, str]:
+        """The store keys of read-write lock ``key``, by role (see rw_acquire.lua)."""
+        base = f"{self.namespace}{{{key}}}:rw"
+        return {
+            "writer": base + ":w",
+            "readers": base + ":r",
+            "fences": base + ":fences",
+            "waiting writers": base + ":wq",
+            "waiters": base + ":waiters",
+        }
+
+    def _lock(self, key: str) -> bytes:
+        return f"{self.namespace}{{{key}}}".encode()
+
+    def wait_for_replicas(self, replicas: int, timeout: float) -> None:
+        """Send ``WAIT replicas timeout`` behind every acquire attempt, in the same write and
+        on the same connection, and report in :attr:`AcquireResult.replicas` how many
+        replicas confirmed an acquisition (the core decides what too few means). The timeout
+        must be shorter than the connections' socket timeout (``WAIT`` blocks the read)."""
+        redis_client: Any = getattr(self, "redis", None)
+        options = getattr(getattr(redis_client, "connection_pool", None), "connection_kwargs", {})
+        socket_timeout = options.get("socket_timeout")
+        if socket_timeout is not None and timeout >= socket_timeout:
+            raise ConfigurationError(
+                f"wait_replicas: the timeout ({timeout:g}s) must be shorter than the socket timeout "
+                f"({socket_timeout:g}s), or the WAIT reply would time out the connection"
+            )
+        self._wait_command = (b"WAIT", b"%d" % replicas, b"%d" % _ms(timeout))
+
+    # -- locks and fair locks (the hot path's two are static, on the lock's key in bytes) --
+
+    @staticmethod
+    def _acquire_request(lock: bytes, token: str, lease: float, waiter: str | None, front: bool, fair: bool) -> Encoded:
+        if fair:
+            # Without a waiter id ("": a try-once call) the attempt is still fair, but queues nothing.
+            fair_keys = (lock, lock + b":fence", lock + b":fair", lock + b":fair:seen")
+            return fair_keys, (token.encode(), b"%d" % _ms(lease), (waiter or "").encode(), b"fair", _FAIR_GONE_MS)
+        keys = (lock, lock + b":fence", lock + b":waiters")
+        if waiter is None:
+            return keys, (token.encode(), b"%d" % _ms(lease))
+        return keys, (token.encode(), b"%d" % _ms(lease), waiter.encode(), b"front" if front else b"back")
+
+    @staticmethod
+    def _release_request(lock: bytes, token: str, fair: bool) -> Encoded:
+        if fair:
+            return (lock, lock + b":fair", lock + b":fair:seen"), (
+                token.encode(),
+                b"fair",
+                _FAIR_GONE_MS,
+                _FAIR_GRACE_MS,
+            )
+        return (lock, lock + b":waiters"), (token.encode(),)
+
+    def _lock_acquire_request(
+        self, key: str, token: str, lease: float, waiter: str | None, front: bool, fair: bool
+    ) -> Encoded:
+        return self._acquire_request(self._lock(key), token, lease, waiter, front, fair)
+
+    def _lock_release_request(self, key: str, token: str, fair: bool) -> Encoded:
+        return self._release_request(self._lock(key), token, fair)
+
+    def _reenter_request(self, key: str, token: str) -> Encoded:
+        return (self._lock(key),), (token.encode(),)
+
+    def _multi_request(self, keys: Sequence[str], token: str, lease: float, waiter: str | None) -> Encoded:
+        packed: list[bytes] = []
+        for key in keys:
+            lock = self._lock(key)
+            packed += (lock, lock + b":fence", lock + b":waiters")
+        return tuple(packed), (token.encode(), b"%d" % _ms(lease), (waiter or "").encode())
+
+    def _unqueue_request(self, key: str, waiter: str, kind: str) -> Encoded:
+        lock = self._lock(key)
+        if kind == "semaphore":
+            return (lock + b":sem:waiters",), (waiter.encode(),)
+        if kind in ("read", "write"):
+            return (lock + b":rw:waiters", lock + b":rw:wq", lock + b":rw:w"), (waiter.encode(), b"zset", lock)
+        if kind == "fair":
+            return (lock + b":fair", lock + b":fair:seen"), (waiter.encode(), b"hash")
+        return (lock + b":waiters",), (waiter.encode(),)
+
+    # -- semaphores --
+
+    def _sem_acquire_request(
+        self, key: str, token: str, lease: float, permits: int, waiter: str | None, front: bool
+    ) -> Encoded:
+        lock = self._lock(key)
+        sem = lock + b":sem"
+        keys = (sem, sem + b":permits", lock + b":fence", sem + b":waiters", sem + b":fences")
+        args = (token.encode(), b"%d" % _ms(lease), b"%d" % permits, (waiter or "").encode())
+        return keys, (*args, b"front" if front else b"back")
+
+    def _sem_release_request(self, key: str, token: str) -> Encoded:
+        lock = self._lock(key)
+        sem = lock + b":sem"
+        return (sem, sem + b":fences", sem + b":waiters"), (token.encode(), lock)
+
+    def _sem_reenter_request(self, key: str, token: str) -> Encoded:
+        return (self._lock(key) + b":sem",), (token.encode(),)
+
+    def _sem_set_request(self, key: str, permits: int | None) -> Encoded:
+        lock = self._lock(key)
+        sem = lock + b":sem"
+        new = b"" if permits is None else b"%d" % permits
+        return (sem, sem + b":permits", sem + b":waiters"), (new, lock)
+
+    # -- read-write locks --
+
+    def _rw_acquire_request(
+        self, key: str, token: str, lease: float, mode: str, waiter: str | None, below: str
+    ) -> Encoded:
+        lock = self._lock(key)
+        rw = lock + b":rw"
+        keys = (rw + b":w", rw + b":r", rw + b":fences", rw + b":wq", rw + b":waiters", lock + b":fence")
+        args = (token.encode(), b"%d" % _ms(lease), mode.encode(), (waiter or "").encode(), _FAIR_GONE_MS)
+        return keys, (*args, below.encode())
+
+    def _rw_release_request(self, key: str, token: str, mode: str) -> Encoded:
+        lock = self._lock(key)
+        rw = lock + b":rw"
+        return (rw + b":w", rw + b":r", rw + b":fences", rw + b":waiters"), (token.encode(), mode.encode(), lock)
+
+    def _rw_held_request(self, key: str, token: str, mode: str) -> Encoded:
+        rw = self._lock(key) + b":rw"
+        return (rw + b":w", rw + b":r"), (token.encode(), mode.encode())
+
+    # -- undo: what gives back an acquire attempt that failed after it was sent. Each takes
+    # the acquisition's own parameters; EVAL with the whole text: an undo cannot meet
+    # NOSCRIPT and retry. --
+
+    def _acquire_undo(self, lock: bytes, token: str, fair: bool) -> _Undo:
+        return lambda: [self._release.eval_command(*self._release_request(lock, token, fair))]
+
+    def _lock_undo(self, key: str, token: str, lease: float, waiter: str | None, front: bool, fair: bool) -> _Undo:
+        return self._acquire_undo(self._lock(key), token, fair)
+
+    def _multi_undo(self, keys: Sequence[str], token: str, *_: object) -> _Undo:
+        return lambda: [
+            self._release.eval_command(*self._release_request(self._lock(key), token, False)) for key in keys
+        ]
+
+    def _sem_undo(self, key: str, token: str, *_: object) -> _Undo:
+        return lambda: [self._sem_release.eval_command(*self._sem_release_request(key, token))]
+
+    def _rw_undo(self, key: str, token: str, lease: float, mode: str, *_: object) -> _Undo:
+        return lambda: [self._rw_release.eval_command(*self._rw_release_request(key, token, mode))]
+
+
+# -- replies --
+
+
+def _acquired(reply: int, key: object = None) -> AcquireResult:
+    if reply > 0:
+        return AcquireResult(True, reply)
+    return AcquireResult(False, holder_ttl=(-reply - 1) / 1000.0 if reply < 0 else None)
+
+
+def _sem_acquired(reply: list[int], key: object = None) -> AcquireResult:
+    """A semaphore's or read-write lock's answer: ``{1, fence}``, ``{0, ms}``, ``{-1, n}``."""
+    status, value = int(reply[0]), int(reply[1])
+    if status == 1:
+        return AcquireResult(True, value)
+    if status == 0:
+        # -1: nothing will free up by itself (a foreign value without expiry, no permits)
+        return AcquireResult(False, holder_ttl=None if value < 0 else value / 1000.0)
+    return AcquireResult(False, permits=value)
+
+
+def _multi_acquired(reply: list[int], keys: Sequence[str]) -> AcquireResult:
+    if int(reply[0]) == 1:
+        fences = tuple(int(fence) for fence in reply[1:])
+        return AcquireResult(True, fences[0], fencing_tokens=fences)
+    ttl = int(reply[2])
+    return AcquireResult(False, holder_ttl=None if ttl < 0 else ttl / 1000.0, busy=keys[int(reply[1]) - 1])
+
+
+def _replicated(result: T, acked: Any) -> T:
+    """``result`` with the replicas that confirmed it (an acquisition followed by ``WAIT``)."""
+    if isinstance(result, AcquireResult) and result.acquired:
+        replicated: Any = result._replace(replicas=int(acked))
+        return replicated  # type: ignore[no-any-return]
+    return result
+
+
+_RELEASE_CODES = {code.value: code for code in ReleaseResult}
+
+
+def _released(reply: int, key: object = None) -> ReleaseResult:
+    return _RELEASE_CODES[reply]
+
+
+def _held(reply: int, key: object = None) -> bool:
+    return bool(reply > 0)
+
+
+def _sem_state(reply: list[int], key: object = None) -> tuple[int | None, int]:
+    permits = int(reply[0])
+    return (None if permits < 0 else permits), int(reply[1])
+
+
+def _nothing(reply: object, key: object = None) -> None:
+    return None
+
+
+# -- the operation table --
+
+
+class Op(Generic[T]):
+    """One script-level operation as a table entry: which script, how the method's parameters
+    become its keys and arguments (``encode(store, key, *params)``), how its reply becomes the
+    result (``decode(reply, key)``), the action an error names, and for an acquisition what
+    undoes it (``undo(store, key, *params)``: written behind a failed attempt, and followed by
+    ``WAIT`` when the store waits for replicas). Each twin runs every entry through one
+    routine (``_op``); adding an operation is one entry and one one-line method per twin."""
+
+    __slots__ = ("action", "decode", "encode", "script", "undo")
+
+    def __init__(
+        self,
+        script: str,
+        encode: Callable[..., Encoded],
+        decode: Callable[[Any, Any], T],
+        action: str,
+        undo: Callable[..., _Undo] | None = None,
+    ) -> None:
+        self.script = script
+        self.encode = encode
+        self.decode = decode
+        self.action = action
+        self.undo = undo
+
+
+L = _Layout
+LOCK_ACQUIRE = Op("acquire.lua", L._lock_acquire_request, _acquired, "acquire", L._lock_undo)
+LOCK_RELEASE = Op("release.lua", L._lock_release_request, _released, "release")
+LOCK_REENTER = Op("reenter.lua", L._reenter_request, _held, "re-enter")
+MULTI_ACQUIRE = Op("multi_acquire.lua", L._multi_request, _multi_acquired, "acquire", L._multi_undo)
+UNQUEUE = Op("unqueue.lua", L._unqueue_request, _nothing, "unqueue")
+SEM_ACQUIRE = Op("sem_acquire.lua", L._sem_acquire_request, _sem_acquired, "acquire", L._sem_undo)
+SEM_RELEASE = Op("sem_release.lua", L._sem_release_request, _released, "release")
+SEM_REENTER = Op("sem_reenter.lua", L._sem_reenter_request, _held, "re-enter")
+SEM_SET = Op("sem_set.lua", L._sem_set_request, _sem_state, "set_permits")
+SEM_PERMITS = Op("sem_set.lua", L._sem_set_request, _sem_state, "permits")
+RW_ACQUIRE = Op("rw_acquire.lua", L._rw_acquire_request, _sem_acquired, "acquire", L._rw_undo)
+RW_RELEASE = Op("rw_release.lua", L._rw_release_request, _released, "release")
+RW_HELD = Op("rw_held.lua", L._rw_held_request, _held, "re-enter")
+del L
+
+# Which script-level call serves each kind of the generic protocol (the same names on both
+# twins; on the async twin each returns a coroutine).
+_ACQUIRE: dict[str, Callable[[Any, AcquireRequest], Any]] = {
+    "lock": lambda s, r: (
+        s.lock_acquire(r.keys[0], r.token, r.lease, r.waiter, r.front)
+        if len(r.keys) == 1
+        else s.multi_acquire(r.keys, r.token, r.lease, r.waiter)
+    ),
+    "fair": lambda s, r: s.lock_acquire(r.keys[0], r.token, r.lease, r.waiter, False, True),
+    "semaphore": lambda s, r: s.sem_acquire(r.keys[0], r.token, r.lease, r.permits, r.waiter, r.front),
+    "read": lambda s, r: s.rw_acquire(r.keys[0], r.token, r.lease, "read", r.waiter, r.below),
+    "write": lambda s, r: s.rw_acquire(r.keys[0], r.token, r.lease, "write", r.waiter, r.below),
+}
+_RELEASE: dict[str, Callable[[Any, str, str], Any]] = {
+    "lock": lambda s, key, token: s.lock_release(key, token),
+    "fair": lambda s, key, token: s.lock_release(key, token, True),
+    "semaphore": lambda s, key, token: s.sem_release(key, token),
+    "read": lambda s, key, token: s.rw_release(key, token, "read"),
+    "write": lambda s, key, token: s.rw_release(key, token, "write"),
+}
+_REENTER: dict[str, Callable[[Any, str, str], Any]] = {
+    "lock": lambda s, key, token: s.lock_reenter(key, token),
+    "fair": lambda s, key, token: s.lock_reenter(key, token),
+    "semaphore": lambda s, key, token: s.sem_reenter(key, token),
+    "read": lambda s, key, token: s.rw_held(key, token, "read"),
+    "write": lambda s, key, token: s.rw_held(key, token, "write"),
+}

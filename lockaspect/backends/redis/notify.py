@@ -1,0 +1,417 @@
+"""Release notifications: :class:`RedisNotifier` (one subscriber connection and reader thread
+per client) and :class:`AsyncRedisNotifier` (one per event loop) fan the wake-up messages the
+release scripts publish out to local waiters. Which channels are wanted, sent and confirmed
+is kept by the pure :class:`~._channels.ChannelTable` both share."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+import redis
+from redis.exceptions import RedisError, ResponseError
+
+from ..._wakeup import Wakeup
+from ._channels import ChannelTable
+
+__all__ = ["UNAVAILABLE_FOR", "AsyncRedisNotifier", "RedisNotifier"]
+
+log = logging.getLogger("lockaspect.backend")
+
+#: After the server refuses pub/sub (an ACL without ``+@pubsub``, a proxy without it), stop
+#: asking for this many seconds: waiters poll at once instead of timing out on SUBSCRIBE.
+UNAVAILABLE_FOR = 60.0
+
+
+class _Subscription:
+    """A sync waiter's registration for release messages of one lock. (A :class:`Wakeup`,
+    not a ``threading.Event``: a waiter interrupted by a signal handler's exception must not
+    leave a lock behind that the reader thread then blocks on.)"""
+
+    __slots__ = ("_event", "active", "channel")
+
+    def __init__(self, channel: bytes) -> None:
+        self.channel = channel
+        self._event = Wakeup()
+        self.active = False
+
+    def wait(self, timeout: float) -> bool:
+        return self._event.wait(timeout)
+
+    def wake(self) -> None:
+        self._event.set()
+
+
+class RedisNotifier:
+    """One subscriber connection and reader thread per client, fanning release messages
+    out to local waiters (see :class:`~._channels.ChannelTable`).
+
+    When the connection fails, every waiter is woken and every subscription turns
+    inactive; when the server refuses pub/sub, subscriptions stay inactive for a while.
+    Waiters then retry with bounded polling, so progress never depends on a message.
+    """
+
+    def __init__(self, client: redis.Redis, channel_for: Any) -> None:
+        self._redis: Any = client
+        self._channel_for = channel_for
+        #: This notifier's waiter id: queued in a lock's waiter list, woken on its own channel.
+        self.waiter_id = os.urandom(8).hex()
+        # Entered as ``with self._mutex`` (a C-level enter: an exception raised asynchronously
+        # cannot leave it held); ``self._lock`` waits and notifies on it.
+        self._mutex = threading.Lock()
+        self._lock = threading.Condition(self._mutex)
+        self._table = ChannelTable()
+        self._pubsub: Any = None
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._unavailable_until = 0.0
+
+    def subscribe(self, key: str, timeout: float, waiter: str | None = None) -> _Subscription:
+        sub = _Subscription(self._channel_for(key, waiter or self.waiter_id).encode())
+        now = time.monotonic()
+        deadline = now + timeout
+        with self._mutex:
+            if self._closed or now < self._unavailable_until:
+                return sub
+            try:
+                if self._table.join(sub, now):
+                    try:
+                        self._send("SUBSCRIBE", sub.channel)
+                    except RedisError as exc:
+                        log.warning("cannot subscribe to %r, waiting by polling: %s", sub.channel, exc)
+                        # Nothing will answer that SUBSCRIBE: forget the subscriber connection's
+                        # channels, as when the reader loses it, or this one waits for it forever.
+                        self._forget_connection(sub)
+                        return sub
+                    except BaseException:
+                        # Interrupted: whether SUBSCRIBE went out is unknown, so no reply can be
+                        # counted on; start over on a fresh connection.
+                        self._forget_connection(sub)
+                        raise
+                # Stop waiting when the reader gave up (it resets the table and clears _pubsub).
+                while not self._table.subscribed(sub.channel) and not self._closed and self._pubsub is not None:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0 or not self._lock.wait(remaining):
+                        break
+            except BaseException:
+                self._table.leave(sub, time.monotonic())  # the caller never gets it to leave
+                raise
+            sub.active = self._table.subscribed(sub.channel)
+        return sub
+
+    # Called with self._mutex held.
+    def _forget_connection(self, sub: _Subscription) -> None:
+        for other in self._table.reset():
+            if other is not sub:
+                other.wake()
+        self._thread = None  # the reader of the old connection stops (see _read)
+        pubsub, self._pubsub = self._pubsub, None
+        if pubsub is not None:
+            try:
+                pubsub.close()
+            except (RedisError, OSError):  # pragma: no cover - closing a broken connection
+                pass
+
+    def listening(self, key: str) -> bool:
+        """Whether this notifier already listens for wake-ups of ``key`` (so a first attempt
+        may queue at once: a wake-up that comes before its waiter registers is kept)."""
+        with self._mutex:
+            return self._table.subscribed(self._channel_for(key, self.waiter_id).encode())
+
+    def unsubscribe(self, subscription: Any) -> None:
+        with self._mutex:
+            self._table.leave(subscription, time.monotonic())
+
+    def close(self) -> None:
+        with self._mutex:
+            self._closed = True
+            pubsub, self._pubsub = self._pubsub, None
+            for waiter in self._table.reset():
+                waiter.wake()
+            self._lock.notify_all()
+        if pubsub is not None:
+            try:
+                pubsub.close()
+            except RedisError:  # pragma: no cover - closing a broken connection
+                pass
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5.0)
+
+    # Called with self._mutex held.
+    def _send(self, command: str, name: bytes) -> None:
+        if self._pubsub is None:
+            self._pubsub = self._redis.pubsub(ignore_subscribe_messages=False)
+        if command == "SUBSCRIBE":
+            self._pubsub.subscribe(name)
+        else:
+            self._pubsub.unsubscribe(name)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._read, name="lockaspect-notifier", daemon=True)
+            self._thread.start()
+
+    def _read(self) -> None:
+        me = threading.current_thread()
+        while True:
+            with self._mutex:
+                if self._closed or self._thread is not me:
+                    return  # closed, or the connection was replaced (see _forget_connection)
+                pubsub = self._pubsub
+                for name in self._table.idle(time.monotonic()):
+                    try:
+                        self._send("UNSUBSCRIBE", name)
+                    except RedisError:
+                        break
+            if pubsub is None:
+                return
+            try:
+                message = pubsub.get_message(timeout=1.0)
+            except Exception as exc:  # noqa: BLE001 - any failure ends this reader
+                # Also what redis-py raises when close() pulled the connection away.
+                self._connection_lost(pubsub, exc)
+                return
+            if message is not None:
+                self._dispatch(message)
+
+    def _dispatch(self, message: dict[str, Any]) -> None:
+        kind = message["type"]
+        kind = kind.encode() if isinstance(kind, str) else kind
+        name = message["channel"]
+        with self._mutex:
+            if kind == b"message":
+                for waiter in self._table.message(name, time.monotonic()):
+                    waiter.wake()
+            elif kind in (b"subscribe", b"unsubscribe") and self._table.reply(kind, name):
+                self._lock.notify_all()
+
+    def _connection_lost(self, pubsub: Any, exc: BaseException) -> None:
+        with self._mutex:
+            if self._closed:
+                return
+            if self._pubsub is not pubsub:
+                pass  # an older connection, already replaced: nothing to reset
+            elif isinstance(exc, ResponseError):
+                # NOPERM (an ACL without pub/sub) or an unknown command behind a proxy.
+                self._unavailable_until = time.monotonic() + UNAVAILABLE_FOR
+                log.warning("the server refuses pub/sub, waiters poll instead for %gs: %s", UNAVAILABLE_FOR, exc)
+            else:
+                log.warning("release notifications interrupted, waiters fall back to polling: %s", exc)
+            if self._pubsub is pubsub:
+                for waiter in self._table.reset():
+                    waiter.wake()
+                self._pubsub = None
+                if self._thread is threading.current_thread():
+                    self._thread = None
+                self._lock.notify_all()
+        try:
+            pubsub.close()
+        except (RedisError, OSError):  # pragma: no cover
+            pass
+
+
+class _AsyncSubscription:
+    """An async waiter's registration for release messages of one lock."""
+
+    __slots__ = ("_future", "_woken", "active", "channel")
+
+    def __init__(self, channel: bytes) -> None:
+        self.channel = channel
+        self._future: asyncio.Future[bool] | None = None
+        self._woken = False
+        self.active = False
+
+    async def wait(self, timeout: float) -> bool:
+        # A future and a call_later, not asyncio.wait_for (a task per wait on Python 3.11).
+        if self._woken:
+            self._woken = False
+            return True
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[bool] = loop.create_future()
+        timer = loop.call_later(timeout, _resolve, future, False)
+        self._future = future
+        try:
+            return await future
+        finally:
+            timer.cancel()
+            self._future = None
+            self._woken = False
+
+    def wake(self) -> None:
+        future = self._future
+        if future is None:
+            self._woken = True
+        else:
+            _resolve(future, True)
+
+
+def _resolve(future: asyncio.Future[bool], value: bool) -> None:
+    if not future.done():
+        future.set_result(value)
+
+
+class AsyncRedisNotifier:
+    """:class:`RedisNotifier` for one event loop: one subscriber connection and one reader
+    task per loop. SUBSCRIBE/UNSUBSCRIBE are decided and sent under one asyncio lock, so they
+    reach the server in the order the table recorded them."""
+
+    def __init__(self, client: Any, channel_for: Any) -> None:
+        self._redis = client
+        self._channel_for = channel_for
+        self.waiter_id = os.urandom(8).hex()
+        self._table = ChannelTable()
+        self._send_lock = asyncio.Lock()
+        self._changed = asyncio.Condition()
+        self._pubsub: Any = None
+        self._reader: asyncio.Task[None] | None = None
+        self._closed = False
+        self._unavailable_until = 0.0
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    async def subscribe(self, key: str, timeout: float, waiter: str | None = None) -> _AsyncSubscription:
+        sub = _AsyncSubscription(self._channel_for(key, waiter or self.waiter_id).encode())
+        now = time.monotonic()
+        if self._closed or now < self._unavailable_until:
+            return sub
+        # Registering and sending SUBSCRIBE run in a task of their own: a waiter cancelled
+        # meanwhile stops waiting, but what was sent and what the table expects stay in step
+        # (else the channel would stay "subscribing" for every later waiter on the key).
+        joined = asyncio.get_running_loop().create_task(self._join(sub, now))
+        self._tasks.add(joined)
+        joined.add_done_callback(self._tasks.discard)
+        try:
+            await asyncio.shield(joined)
+            if not self._table.subscribed(sub.channel):
+                try:
+                    async with self._changed:
+                        await asyncio.wait_for(
+                            self._changed.wait_for(
+                                lambda: self._table.subscribed(sub.channel) or self._closed or self._pubsub is None
+                            ),
+                            timeout,
+                        )
+                except asyncio.TimeoutError:
+                    pass
+        except BaseException:
+            # The caller never gets the subscription to leave with: leave for it, once joined.
+            if joined.done():
+                self._table.leave(sub, time.monotonic())
+            else:
+                joined.add_done_callback(lambda _: self._table.leave(sub, time.monotonic()))
+            raise
+        sub.active = self._table.subscribed(sub.channel)
+        return sub
+
+    async def _join(self, sub: _AsyncSubscription, now: float) -> None:
+        async with self._send_lock:
+            if not self._table.join(sub, now):
+                return
+            try:
+                await self._send("SUBSCRIBE", sub.channel)
+            except RedisError as exc:
+                log.warning("cannot subscribe to %r, waiting by polling: %s", sub.channel, exc)
+                # Nothing will answer that SUBSCRIBE: forget the subscriber connection's
+                # channels, as when the reader loses it, or this one waits for it forever.
+                await self._forget_connection(sub)
+            except BaseException:
+                # Cancelled (the loop shutting down): whether SUBSCRIBE went out is unknown.
+                await self._forget_connection(sub)
+                raise
+
+    async def _forget_connection(self, sub: _AsyncSubscription) -> None:
+        for other in self._table.reset():
+            if other is not sub:
+                other.wake()
+        self._reader = None  # the reader of the old connection stops (see _read)
+        pubsub, self._pubsub = self._pubsub, None
+        if pubsub is not None:
+            with contextlib.suppress(Exception):
+                await pubsub.aclose()
+
+    def listening(self, key: str) -> bool:
+        """See :meth:`RedisNotifier.listening`."""
+        return self._table.subscribed(self._channel_for(key, self.waiter_id).encode())
+
+    def unsubscribe(self, subscription: Any) -> None:
+        self._table.leave(subscription, time.monotonic())
+
+    async def aclose(self) -> None:
+        self._closed = True
+        for waiter in self._table.reset():
+            waiter.wake()
+        for task in list(self._tasks):
+            task.cancel()
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader
+        pubsub, self._pubsub = self._pubsub, None
+        if pubsub is not None:
+            with contextlib.suppress(Exception):
+                await pubsub.aclose()
+
+    # Called with self._send_lock held.
+    async def _send(self, command: str, name: bytes) -> None:
+        if self._pubsub is None:
+            self._pubsub = self._redis.pubsub(ignore_subscribe_messages=False)
+        if command == "SUBSCRIBE":
+            await self._pubsub.subscribe(name)
+        else:
+            await self._pubsub.unsubscribe(name)
+        if self._reader is None:
+            self._reader = asyncio.get_running_loop().create_task(self._read(), name="lockaspect-notifier")
+
+    async def _read(self) -> None:
+        me = asyncio.current_task()
+        while not self._closed:
+            pubsub = self._pubsub
+            if pubsub is None or self._reader is not me:
+                return  # the connection was replaced (see _forget_connection)
+            async with self._send_lock:
+                for name in self._table.idle(time.monotonic()):
+                    try:
+                        await self._send("UNSUBSCRIBE", name)
+                    except RedisError:
+                        break
+            try:
+                message = await pubsub.get_message(timeout=1.0)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - any failure ends this reader
+                await self._connection_lost(pubsub, exc)
+                return
+            if message is not None:
+                await self._dispatch(message)
+
+    async def _dispatch(self, message: dict[str, Any]) -> None:
+        kind = message["type"]
+        kind = kind.encode() if isinstance(kind, str) else kind
+        name = message["channel"]
+        if kind == b"message":
+            for waiter in self._table.message(name, time.monotonic()):
+                waiter.wake()
+        elif kind in (b"subscribe", b"unsubscribe") and self._table.reply(kind, name):
+            async with self._changed:
+                self._changed.notify_all()
+
+    async def _connection_lost(self, pubsub: Any, exc: BaseException) -> None:
+        if self._pubsub is pubsub:
+            if isinstance(exc, ResponseError):
+                self._unavailable_until = time.monotonic() + UNAVAILABLE_FOR
+                log.warning("the server refuses pub/sub, waiters poll instead for %gs: %s", UNAVAILABLE_FOR, exc)
+            else:
+                log.warning("release notifications interrupted, waiters fall back to polling: %s", exc)
+            for waiter in self._table.reset():
+                waiter.wake()
+            self._pubsub = None
+            if self._reader is asyncio.current_task():
+                self._reader = None
+            async with self._changed:
+                self._changed.notify_all()
+        with contextlib.suppress(Exception):
+            await pubsub.aclose()
