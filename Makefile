@@ -27,6 +27,7 @@ test: $(VENV)/.installed-test lint typecheck
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check lockaspect tests examples bench
 	$(BIN)/ruff format --check lockaspect
+	$(BIN)/lint-imports
 
 typecheck: $(VENV)/.installed-test
 	$(BIN)/mypy --strict lockaspect

@@ -20,6 +20,7 @@ from typing import Any, TypeVar, cast
 import wrapt
 
 from . import config, options
+from .blocks import arun_multi, run_multi
 from .client import LockClient
 from .errors import ConfigurationError, KeyTemplateError, LockNotAcquired
 from .executor import check_executor
@@ -212,9 +213,13 @@ class _LockAspect:
         resolved, key, names = self.prepare(instance, args, kwargs)
         client = self.client or config.default_client()
         if resolved.multi:
-            return client._run_multi(key, resolved.spec, wrapped, args, kwargs, self.failure(resolved, None, names))
+            return run_multi(
+                client._engine, key, resolved.spec, wrapped, args, kwargs, self.failure(resolved, None, names)
+            )
         executor = resolved.executor if resolved.executor_set else client.executor
-        return client._run(key, resolved.spec, executor, wrapped, args, kwargs, self.failure(resolved, key, names))
+        return client._engine.sync.run(
+            key, resolved.spec, executor, wrapped, args, kwargs, self.failure(resolved, key, names)
+        )
 
     async def acall(
         self, wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -223,8 +228,10 @@ class _LockAspect:
         client = self.client or config.default_client()
         if resolved.multi:
             failure = self.failure(resolved, None, names)
-            return await client._arun_multi(key, resolved.spec, wrapped, args, kwargs, failure)
-        return await client._arun(key, resolved.spec, wrapped, args, kwargs, self.failure(resolved, key, names))
+            return await arun_multi(client._engine, key, resolved.spec, wrapped, args, kwargs, failure)
+        return await client._engine.aio.run(
+            key, resolved.spec, wrapped, args, kwargs, self.failure(resolved, key, names)
+        )
 
 
 def distributed_lock(

@@ -12,12 +12,10 @@ import weakref
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Executor
 from typing import Any
-from urllib.parse import urlsplit
 
 from . import _policy
 from .backends.base import AdminStore, Capability, Store
-from .blocks import LockBlock, MultiLockBlock, RWLock, arun_multi, run_multi
-from .engine._loop import LoopState
+from .blocks import LockBlock, MultiLockBlock, RWLock
 from .engine.aio import AsyncRunner
 from .engine.core import Engine
 from .engine.sync import SyncRunner
@@ -30,7 +28,6 @@ from .options import LockSpec, OnLost, client_settings
 
 __all__ = ["ClientStats", "LockClient", "LockSpec"]
 
-_SCHEMES = ("redis", "rediss", "unix")
 
 _clients: weakref.WeakSet[LockClient] = weakref.WeakSet()
 
@@ -46,26 +43,19 @@ class LockClient:
         watchdog_lease: Seconds of lease taken in watchdog mode (``lease=None``) and
             renewed until the call completes. Default 30, as Redisson.
         tick: Resolution of the timer wheel in seconds. Default 0.1.
-        delay_weight: Default for locks that do not set one: the first renewal attempt is
-            made at ``delay_weight * watchdog_lease``. ``None`` (default): 0.9, or for a
-            watchdog lease too short for 0.9 (under about 2 s) the weight that leaves twice
-            the required margin. A given value is checked here:
-            ``(1 - delay_weight) * watchdog_lease`` must exceed ``tick`` + 0.1 s.
-        executor: Default executor for decorated calls: ``None``/``"inline"`` (the
-            caller's thread) or a :class:`concurrent.futures.Executor`. The client does not
-            shut it down.
+        delay_weight: Default for locks that do not set one: the first renewal attempt at
+            ``delay_weight * watchdog_lease``. ``None``: 0.9, or for a lease under about 2 s
+            the weight that leaves twice the margin ``(1 - delay_weight) * watchdog_lease``
+            must exceed (``tick`` + 0.1 s).
+        executor: Default executor for decorated calls: ``None``/``"inline"`` (the caller's
+            thread) or a :class:`concurrent.futures.Executor` (not shut down by the client).
         wait_replicas: ``(replicas, timeout)``: after taking a lock, wait up to ``timeout``
-            seconds (``WAIT``) for that many replicas to have it; if fewer confirm, release it
-            and raise :class:`~lockaspect.NotReplicated` (the body does not run). Guards
-            against a failover to a replica that never saw the lock. ``None`` (default): no
-            wait. The timeout must be shorter than the socket timeout (2 s by default) and at
-            most 2 s: ``WAIT`` follows every acquire attempt, also a waiter's.
-        observers: Callables told of every :class:`~lockaspect.observe.LockEvent` (acquired,
-            released, renewed, lost, ...), after the client's own statistics and log lines;
-            one that raises is logged once and never fails a lock (see
-            :mod:`lockaspect.observe`).
-        clock: Monotonic clock, injectable for tests (a :class:`~lockaspect.testing.ManualClock`
-            with the memory store).
+            seconds (at most 2, under the socket timeout) for that many replicas to have it,
+            else release it and raise :class:`~lockaspect.NotReplicated` (stores with
+            ``Capability.REPLICAS``: Redis). ``None`` (default): no wait.
+        observers: Callables told of every :class:`~lockaspect.observe.LockEvent`; one that
+            raises is logged once and never fails a lock (see :mod:`lockaspect.observe`).
+        clock: Monotonic clock, injectable for tests (a :class:`~lockaspect.testing.ManualClock`).
     """
 
     def __init__(
@@ -136,13 +126,7 @@ class LockClient:
                 (for tests of single-process code: see
                 :mod:`lockaspect.backends.memory`; it takes no options).
             namespace: Prefix of every key the client writes. Must not contain ``{``/``}``
-                (Redis).
-            watchdog_lease: See :class:`LockClient`.
-            tick: See :class:`LockClient`.
-            delay_weight: See :class:`LockClient`.
-            executor: See :class:`LockClient`.
-            wait_replicas: See :class:`LockClient`.
-            observers: See :class:`LockClient`.
+                (Redis). The other settings: see :class:`LockClient`.
             **redis_options: Passed to the store's factory; for Redis to
                 ``redis.Redis.from_url`` (``socket_timeout`` defaults to 2 s; redis-py's own
                 command retries are switched off, because whether a lock command may be
@@ -156,22 +140,14 @@ class LockClient:
         """
         from .backends import open_store
 
-        if not isinstance(url, str):
-            raise TypeError(f"url must be a str, got {type(url).__name__}")
-        backend = open_store(url, namespace=namespace, **redis_options)
-        try:
-            return cls(
-                backend,
-                watchdog_lease=watchdog_lease,
-                tick=tick,
-                delay_weight=delay_weight,
-                executor=executor,
-                wait_replicas=wait_replicas,
-                observers=observers,
-            )
-        except BaseException:
-            backend.close()
-            raise
+        settings = {"watchdog_lease": watchdog_lease, "tick": tick, "delay_weight": delay_weight}
+        return cls._on(
+            open_store(url, namespace=namespace, **redis_options),
+            **settings,
+            executor=executor,
+            wait_replicas=wait_replicas,
+            observers=observers,
+        )
 
     @classmethod
     def from_urls(
@@ -202,38 +178,22 @@ class LockClient:
                 ``socket_connect_timeout`` default to 0.25 s here, so a dead server costs
                 little.
 
-        Only plain locks (``lock``, the decorator without ``fair``/``mode``/``keys`` and
-        not a semaphore) work on such a client; the others raise
+        Only plain locks work on such a client; the other kinds raise
         :class:`ConfigurationError` when used, before any I/O.
         """
-        if isinstance(urls, str) or not all(isinstance(url, str) for url in urls):
-            raise TypeError("urls must be a list of URL strings")
-        from .backends._redis_options import check_redis_options
+        from .backends import open_redlock
 
-        for url in urls:
-            check_redis_options(url, redis_options)
-            if urlsplit(url).scheme not in _SCHEMES:
-                raise ConfigurationError(f"unsupported lock store URL {url!r}")
-        if len(set(urls)) != len(urls):
-            raise ConfigurationError("RedLock needs distinct servers: a URL is repeated")
-        if not isinstance(namespace, str) or "{" in namespace or "}" in namespace:
-            raise ConfigurationError(f"namespace must be a str without '{{' or '}}', got {namespace!r}")
-        from .backends.redlock import RedlockBackend
+        settings = {"watchdog_lease": watchdog_lease, "tick": tick, "delay_weight": delay_weight}
+        store = open_redlock(urls, namespace=namespace, **redis_options)
+        return cls._on(store, **settings, executor=executor, observers=observers)
 
-        if len(urls) < 3:
-            raise ConfigurationError(f"RedLock needs at least 3 independent servers, got {len(urls)}")
-        backend = RedlockBackend.from_urls(list(urls), namespace=namespace, **redis_options)
+    @classmethod
+    def _on(cls, store: Store, **settings: Any) -> LockClient:
+        """A client on ``store``, which is closed if the settings are refused."""
         try:
-            return cls(
-                backend,
-                watchdog_lease=watchdog_lease,
-                tick=tick,
-                delay_weight=delay_weight,
-                executor=executor,
-                observers=observers,
-            )
+            return cls(store, **settings)
         except BaseException:
-            backend.close()
+            store.close()
             raise
 
     # -- public API -------------------------------------------------------------------
@@ -252,14 +212,11 @@ class LockClient:
     ) -> LockBlock:
         """Lock ``key`` for a ``with`` block; the block gets the :class:`Lease`.
 
-        Same engine and options as :func:`~lockaspect.distributed_lock`: ``lease=None``
-        renews the lease from the watchdog until the block exits; ``delay_weight=None``
-        uses the client's. A nested
-        ``client.lock`` on the same key in the same context re-enters.
-
-        Raises (on entering): :class:`LockNotAcquired`, :class:`BackendError`. On exit, if
-        the lease was lost while the block ran, :class:`LockLost` is raised (chained to the
-        block's own exception, if any).
+        The options of :func:`~lockaspect.distributed_lock`: ``lease=None`` renews the lease
+        until the block exits. A nested ``client.lock`` on the key in the same context
+        re-enters. Raises :class:`LockNotAcquired` or :class:`BackendError` on entering, and
+        :class:`LockLost` on exit if the lease was lost meanwhile (chained to the block's own
+        exception, if any).
 
         Example::
 
@@ -290,11 +247,9 @@ class LockClient:
     ) -> LockBlock:
         """Lock ``key`` fairly: waiters get the lock in the order they asked for it.
 
-        The same block, options and guarantees as :meth:`lock` (``lock(key, fair=True)``),
-        first come, first served across processes: a free lock goes only to the first in
-        line. A waiter whose process died leaves the queue once it made no attempt for
-        ``FAIR_GONE_AFTER`` (5 s); one that gives up leaves at once. ``wait=0`` tries once and
-        never queues. Use one kind per key (docs/concepts/fair-lock.md).
+        :meth:`lock` with ``fair=True``: a free lock goes only to the first in line, across
+        processes; a dead waiter drops out after 5 s without an attempt. ``wait=0`` tries
+        once and never queues. Use one kind per key (docs/concepts/fair-lock.md).
 
         Example::
 
@@ -333,9 +288,8 @@ class LockClient:
         :class:`LockLost` if any is lost. Holding only some of the keys already is refused
         (:class:`ConfigurationError`); see docs/concepts/multi-key.md.
 
-        Raises (at once, before any I/O): :class:`ConfigurationError` for an empty key list,
-        :class:`TypeError` for a key that is not a ``str``, :class:`KeyTemplateError` for a
-        malformed key.
+        Bad keys raise at once, before any I/O: :class:`ConfigurationError` (none),
+        :class:`TypeError` (not a ``str``), :class:`KeyTemplateError` (malformed).
 
         Example::
 
@@ -436,10 +390,8 @@ class LockClient:
         return self._stats.snapshot(self._engine.held_count())
 
     def close(self) -> None:
-        """Stop the timer and watchdog threads and close the connections. Idempotent.
-
-        Leases still held are not released: their keys expire with their lease.
-        """
+        """Stop the client's threads and close its connections (idempotent). Leases still
+        held are not released: their keys expire with their lease."""
         if self._engine.closed:
             return
         self._engine.stop()
@@ -447,11 +399,8 @@ class LockClient:
         _clients.discard(self)
 
     async def aclose(self) -> None:
-        """Close the running event loop's connections, then the whole client (:meth:`close`).
-
-        Pending releases are awaited first. Other loops' connections are dropped with their
-        loops. Idempotent.
-        """
+        """Await the running loop's pending releases, close its connections, then the whole
+        client (:meth:`close`); other loops' connections go with their loops. Idempotent."""
         await self._async.close_loop()
         self.close()
 
@@ -460,13 +409,9 @@ class LockClient:
         return self._engine.closed
 
     def threads(self) -> list[threading.Thread]:
-        """The library threads this client has started and that are alive.
-
-        Holding locks takes two: ``lockaspect-timer`` and ``lockaspect-watchdog``, however
-        many locks. Waiting for a busy lock adds ``lockaspect-notifier`` (one subscriber
-        connection for all waiters); the first lost lease with an ``on_lost`` hook adds
-        ``lockaspect-hooks``.
-        """
+        """The library threads this client started that are alive: ``lockaspect-timer`` and
+        ``lockaspect-watchdog`` however many locks are held, ``lockaspect-notifier`` once a
+        caller waited, ``lockaspect-hooks`` once an ``on_lost`` hook ran for a lost lease."""
         threads = [*self._engine.threads(), *self.backend.threads()]
         return [t for t in threads if t is not None and t.is_alive()]
 
@@ -480,25 +425,7 @@ class LockClient:
         state = "closed" if self.closed else "open"
         return f"<LockClient {type(self.backend).__name__} watchdog_lease={self.watchdog_lease:g}s {state}>"
 
-    # -- what the decorator calls (aspect.py); the runners do the work --------------------
-
-    def _run(self, *call: Any) -> Any:
-        return self._sync.run(*call)
-
-    async def _arun(self, *call: Any) -> Any:
-        return await self._async.run(*call)
-
-    def _run_multi(self, *call: Any) -> Any:
-        return run_multi(self._engine, *call)
-
-    async def _arun_multi(self, *call: Any) -> Any:
-        return await arun_multi(self._engine, *call)
-
-    def _loop_state(self) -> LoopState:
-        """The running event loop's store and waiter slots (for tests)."""
-        return self._async.state()
-
-    def _reset_after_fork(self) -> None:
+    def _reset_after_fork(self) -> None:  # the parent's locks, threads and loops are not ours
         self._engine.reset_after_fork()
         self._sync.reset_after_fork()
         self._async.reset_after_fork()

@@ -6,7 +6,9 @@ reference semantics).
 
 :func:`open_store` picks a store factory by the URL's scheme. Factories come from the
 entry-point group ``lockaspect.stores`` (a package that ships a store declares one under its
-scheme, e.g. ``redis = "lockaspect.backends:open_redis_store"``), loaded lazily on first use,
+scheme, e.g. ``redis = "lockaspect.backends.redis.options:open_redis_store"``), loaded lazily
+on first use (the built-in stores are also known by name, so a source tree that was never
+installed still opens them),
 and from :func:`register_store` for code that registers one at run time. A factory is called
 as ``factory(url, namespace=namespace, **options)`` and returns a
 :class:`~lockaspect.backends.base.Store`.
@@ -25,8 +27,7 @@ from .base import Store
 
 __all__ = [
     "StoreFactory",
-    "open_memory_store",
-    "open_redis_store",
+    "open_redlock",
     "open_store",
     "register_store",
     "registered_schemes",
@@ -43,15 +44,29 @@ _factories: dict[str, StoreFactory | EntryPoint] = {}  # scheme -> factory, or i
 _discovered = False
 
 
+_REDLOCK = "lockaspect.backends.redis.redlock:open_redlock_store"
+
+#: The stores shipped with lockaspect, by scheme (as their entry points name them).
+_BUILT_IN = {
+    "redis": "lockaspect.backends.redis.options:open_redis_store",
+    "rediss": "lockaspect.backends.redis.options:open_redis_store",
+    "unix": "lockaspect.backends.redis.options:open_redis_store",
+    "memory": "lockaspect.backends.memory:open_memory_store",
+}
+
+
 def _discover() -> None:
     """Read the ``lockaspect.stores`` entry points once (loading each only when used);
-    factories registered at run time win over entry points of the same scheme."""
+    factories registered at run time win over entry points of the same scheme, which win over
+    the built-in names."""
     global _discovered
     with _lock:
         if _discovered:
             return
         for point in entry_points(group=ENTRY_POINT_GROUP):
             _factories.setdefault(point.name, point)
+        for scheme, value in _BUILT_IN.items():
+            _factories.setdefault(scheme, EntryPoint(scheme, value, ENTRY_POINT_GROUP))
         _discovered = True
 
 
@@ -129,22 +144,9 @@ def open_store(url: str, *, namespace: str = "lockaspect:", **options: Any) -> S
     return factory(url, namespace=namespace, **options)
 
 
-def open_redis_store(url: str, *, namespace: str = "lockaspect:", **options: Any) -> Store:
-    """The factory of ``redis://``, ``rediss://`` and ``unix://``: checks the URL and the
-    redis-py options before any connection (:func:`~._redis_options.check_redis_options`)
-    and the namespace, then builds a :class:`~lockaspect.backends.redis.RedisBackend`."""
-    from ._redis_options import check_redis_options
-
-    check_redis_options(url, options)
-    if not isinstance(namespace, str) or "{" in namespace or "}" in namespace:
-        raise ConfigurationError(f"namespace must be a str without '{{' or '}}', got {namespace!r}")
-    from .redis import RedisBackend
-
-    return RedisBackend.from_url(url, namespace=namespace, **options)
-
-
-def open_memory_store(url: str, *, namespace: str = "lockaspect:", **options: Any) -> Store:
-    """The factory of ``memory://`` and ``memory://<name>`` (see :mod:`lockaspect.backends.memory`)."""
-    from .memory import open_memory_store as open_memory
-
-    return open_memory(url, namespace=namespace, **options)
+def open_redlock(urls: object, *, namespace: str = "lockaspect:", **options: Any) -> Store:
+    """A RedLock store over several Redis servers (see :meth:`~lockaspect.LockClient.from_urls`);
+    loaded by name, as the built-in stores are."""
+    factory = EntryPoint("redlock", _REDLOCK, ENTRY_POINT_GROUP).load()
+    store: Store = factory(urls, namespace=namespace, **options)
+    return store

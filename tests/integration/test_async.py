@@ -562,7 +562,7 @@ class TestBusyLock:
             holding = asyncio.create_task(holder())
             await held.wait()
             attempts: list[tuple[bool, str | None, bool]] = []
-            backend = plain._loop_state().store
+            backend = plain._async.state().store
             real = backend.acquire
 
             async def acquire(request: Any) -> Any:
@@ -786,7 +786,7 @@ class TestAsyncWith:
             holding = asyncio.create_task(holder())
             await held.wait()
             waiting = asyncio.create_task(waiter())
-            waiter_id = plain._loop_state().store.notifier().waiter_id
+            waiter_id = plain._async.state().store.notifier().waiter_id
             channel = plain.backend.wake_channel("handoff", waiter_id)
             await until(lambda: raw.lrange(queue, 0, -1) == [waiter_id.encode()], what="the waiter to queue")
             assert raw.pubsub_numsub(channel) == [(channel.encode(), 1)]
@@ -1464,12 +1464,12 @@ class TestCancellation:
 
         async def main() -> None:
             waiting = asyncio.create_task(work())
-            waiter_id = client._loop_state().store.notifier().waiter_id
+            waiter_id = client._async.state().store.notifier().waiter_id
             await until(lambda: raw.lrange(queue, 0, -1) == [waiter_id.encode()], what="the waiter to queue")
             waiting.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await waiting
-            assert client._loop_state().slots == {}
+            assert client._async.state().slots == {}
 
         with other.lock("busy") as holder:
             run(main())
@@ -1632,7 +1632,7 @@ class TestCancellation:
                 pass
 
         async def main() -> None:
-            backend = plain._loop_state().store
+            backend = plain._async.state().store
             real = backend.release
             releasing, proceed = asyncio.Event(), asyncio.Event()
 
@@ -1651,7 +1651,7 @@ class TestCancellation:
             assert raw.exists(lock_key) == 1
             proceed.set()
             await until(lambda: not raw.exists(lock_key), what="the shielded release")
-            await until(lambda: not plain._loop_state().tasks, what="the release task to finish")
+            await until(lambda: not plain._async.state().tasks, what="the release task to finish")
 
         run(main())
         assert plain.stats().released == 1
@@ -1705,7 +1705,7 @@ class TestCancellation:
 
         async def main() -> collections.Counter[str]:
             outcomes = collections.Counter(await asyncio.gather(*(one() for _ in range(400))))
-            state = plain._loop_state()
+            state = plain._async.state()
             await until(lambda: not state.tasks, what="shielded releases and discards to finish")
             assert state.slots == {}
             return outcomes
@@ -1815,7 +1815,7 @@ class TestSyncAndAsyncTogether:
 
         async def worker(loop_id: int) -> None:
             async with plain.lock(f"warm:{loop_id}"):
-                states[loop_id] = (plain._loop_state(), asyncio.get_running_loop())
+                states[loop_id] = (plain._async.state(), asyncio.get_running_loop())
             barrier.wait(30)
             for _ in range(10):
                 async with plain.lock("loops", wait=None):

@@ -43,7 +43,7 @@ import redis.connection
 
 from ...errors import ConfigurationError
 
-__all__ = ["SCHEMES", "allowed_redis_options", "check_redis_options"]
+__all__ = ["SCHEMES", "allowed_redis_options", "check_redis_options", "open_redis_store"]
 
 #: The URL schemes redis-py (and so a lock store URL) accepts.
 SCHEMES: Final = ("redis", "rediss", "unix")
@@ -259,3 +259,16 @@ def check_redis_options(url: str, options: Mapping[str, Any]) -> None:
             f"unknown redis {origin} {name!r} for lock store URL {_redacted(url)!r}{more}: {why}{suggestion} "
             f"Allowed redis options for a {scheme}:// URL: {', '.join(sorted(allowed))}"
         )
+
+
+def open_redis_store(url: str, *, namespace: str = "lockaspect:", **options: Any) -> Any:
+    """The store factory of ``redis://``, ``rediss://`` and ``unix://`` (see
+    :func:`lockaspect.backends.open_store`): checks the URL and the redis-py options before
+    any connection (:func:`check_redis_options`) and the namespace, then builds a
+    :class:`~lockaspect.backends.redis.RedisStore`."""
+    check_redis_options(url, options)
+    if not isinstance(namespace, str) or "{" in namespace or "}" in namespace:
+        raise ConfigurationError(f"namespace must be a str without '{{' or '}}', got {namespace!r}")
+    from .store import RedisStore
+
+    return RedisStore.from_url(url, namespace=namespace, **options)

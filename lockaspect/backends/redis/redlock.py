@@ -44,12 +44,14 @@ import threading
 import time
 from collections.abc import Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 from ...errors import BackendError, ConfigurationError
 from ..base import AcquireRequest, AcquireResult, Capability, ReleaseResult, RenewItem
+from .options import SCHEMES, check_redis_options
 from .store import AsyncRedisStore, RedisStore
 
-__all__ = ["AsyncRedlockBackend", "AsyncRedlockStore", "RedlockBackend", "RedlockStore"]
+__all__ = ["AsyncRedlockBackend", "AsyncRedlockStore", "RedlockBackend", "RedlockStore", "open_redlock_store"]
 
 #: Clock-drift allowance: this fraction of the lease plus DRIFT_MIN seconds (the Redis
 #: documentation's figures: 1% plus 2 ms).
@@ -311,3 +313,21 @@ class AsyncRedlockStore(_Quorum):
 #: The old names of the two stores.
 RedlockBackend = RedlockStore
 AsyncRedlockBackend = AsyncRedlockStore
+
+
+def open_redlock_store(urls: object, *, namespace: str = "lockaspect:", **options: Any) -> RedlockStore:
+    """A RedLock store over ``urls`` (see :meth:`lockaspect.LockClient.from_urls`), every URL
+    and option checked before any connection: at least 3 distinct Redis URLs."""
+    if isinstance(urls, str) or not isinstance(urls, Sequence) or not all(isinstance(url, str) for url in urls):
+        raise TypeError("urls must be a list of URL strings")
+    for url in urls:
+        check_redis_options(url, options)
+        if urlsplit(url).scheme not in SCHEMES:
+            raise ConfigurationError(f"unsupported lock store URL {url!r}")
+    if len(set(urls)) != len(urls):
+        raise ConfigurationError("RedLock needs distinct servers: a URL is repeated")
+    if not isinstance(namespace, str) or "{" in namespace or "}" in namespace:
+        raise ConfigurationError(f"namespace must be a str without '{{' or '}}', got {namespace!r}")
+    if len(urls) < 3:
+        raise ConfigurationError(f"RedLock needs at least 3 independent servers, got {len(urls)}")
+    return RedlockStore.from_urls(list(urls), namespace=namespace, **options)

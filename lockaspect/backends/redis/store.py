@@ -93,6 +93,10 @@ class RedisStore(_Layout):
     def from_url(cls, url: str, *, namespace: str = "lockaspect:", **options: Any) -> RedisStore:
         return cls(no_retry_client(url, **options), namespace=namespace, url=url, **options)
 
+    def __repr__(self) -> str:
+        where = "a redis-py client" if self._url is None else _without_password(self._url)
+        return f"<RedisStore {where} namespace={self.namespace!r}>"
+
     def asyncio_twin(self) -> AsyncRedisStore:
         """An :class:`AsyncRedisStore` on the same server, namespace and options, for the
         running event loop (asyncio connections belong to one loop)."""
@@ -474,3 +478,12 @@ class AsyncRedisStore(_Layout):
 #: The old names of the two stores.
 RedisBackend = RedisStore
 AsyncRedisBackend = AsyncRedisStore
+
+
+def _without_password(url: str) -> str:
+    """``url`` with its password masked (a repr ends up in logs and error messages)."""
+    scheme, sep, rest = url.partition("://")
+    userinfo, at, host = rest.rpartition("@")
+    if not sep or not at or ":" not in userinfo:
+        return url
+    return f"{scheme}://{userinfo.split(':', 1)[0]}:***@{host}"
