@@ -23,7 +23,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..errors import ConfigurationError
-from .base import Store
+from .base import Store, redacted
 
 __all__ = [
     "StoreFactory",
@@ -106,15 +106,6 @@ def _factory(scheme: str) -> StoreFactory | None:
     return factory
 
 
-def _redacted(url: str) -> str:
-    """``url`` without the password of its user part (an error message must not show it)."""
-    scheme, sep, rest = url.partition("://")
-    userinfo, at, host = rest.rpartition("@")
-    if not sep or not at or ":" not in userinfo:
-        return url
-    return f"{scheme}://{userinfo.split(':', 1)[0]}:***@{host}"
-
-
 def open_store(url: str, *, namespace: str = "lockaspect:", **options: Any) -> Store:
     """The store ``url`` names, opened by the factory registered for its scheme.
 
@@ -140,7 +131,7 @@ def open_store(url: str, *, namespace: str = "lockaspect:", **options: Any) -> S
     factory = _factory(scheme) if scheme and url.startswith(f"{scheme}://") else None
     if factory is None:
         schemes = ", ".join(name + "://" for name in registered_schemes())
-        raise ConfigurationError(f"unsupported lock store URL {_redacted(url)!r}: the scheme must be one of {schemes}")
+        raise ConfigurationError(f"unsupported lock store URL {redacted(url)!r}: the scheme must be one of {schemes}")
     return factory(url, namespace=namespace, **options)
 
 

@@ -19,6 +19,8 @@ only through :class:`Store` / :class:`AsyncStore`, the operator tools through
 from __future__ import annotations
 
 import enum
+import os
+import re
 import threading
 from collections.abc import Iterator, Sequence
 from typing import NamedTuple, Protocol, runtime_checkable
@@ -39,6 +41,8 @@ __all__ = [
     "RenewStatus",
     "Store",
     "Subscription",
+    "new_waiter_id",
+    "redacted",
 ]
 
 #: Every lock kind the engine knows, by the name a store sees in requests: ``"lock"`` (a
@@ -343,3 +347,31 @@ class AdminStore(Protocol):
         """``(permits, in use)`` of semaphore ``key``, after setting its permits to ``set_to``
         if given (``None`` permits: never set)."""
         ...
+
+
+# -- helpers every store may use ----------------------------------------------------------
+
+
+def new_waiter_id(listens: bool) -> str:
+    """A fresh waiter id, unique per waiter: ``"n"`` for a waiter that listens for release
+    messages, ``"p"`` for one that polls (a fair release hands a free lock to a polling first
+    waiter without waiting for its wake-up), then 64 random bits."""
+    return ("n" if listens else "p") + os.urandom(8).hex()
+
+
+_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&#]*", re.IGNORECASE)
+
+
+def redacted(url: str) -> str:
+    """``url`` with its password (``user:password@`` or ``?password=``) replaced by ``***``:
+    what error messages and reprs show."""
+    url = _QUERY_PASSWORD.sub(r"\1***", url)
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    netloc, slash, tail = rest.partition("/")
+    userinfo, at, host = netloc.rpartition("@")
+    if not at or ":" not in userinfo:
+        return url
+    user = userinfo.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{host}{slash}{tail}"

@@ -133,20 +133,18 @@ class AsyncRunner:
         plan: Plan,
         sent: float,
     ) -> Hold:
-        engine = self.engine
+        holds: list[Hold] = []
         try:
             # Before Python 3.12 a cancellation that lands as redis-py completes a write can be
             # swallowed (asyncio.wait_for): it must not let a cancelled task into its body.
             raise_if_cancel_lost()
-            refused = engine.too_few_replicas(keys[0], result)
-            if refused is not None:
-                log.warning("%s", refused)
-                raise refused
-            fence, valid_for = result.fencing_token, result.valid_for
-            return engine.new_lease(keys[0], token, fence, valid_for, spec, plan, sent, state.loop)
+            self.engine.granted(keys, token, result, spec, plan, sent, holds, state.loop)
         except BaseException:
-            await self.discard(state, keys, token, spec.kind.name)
+            for made in holds:
+                await self.release(made, state)
+            await self.discard(state, keys[len(holds) :], token, spec.kind.name)
             raise
+        return holds[0]
 
     async def discard(self, state: LoopState, keys: tuple[str, ...], token: str, kind: str) -> None:
         async def discard() -> None:
@@ -197,7 +195,7 @@ class AsyncRunner:
             engine.emit(LockEvent("waiting", key, kind.name, 0.0))
             if kind.own_place:
                 turn = True  # the wait loop leaves the queue itself
-                w = self._waiting(state, (key,), token, plan, spec, start, deadline, result, waiter, below, failure)
+                w = engine.waiting(state.store, (key,), token, plan, spec, start, result, waiter, below, failure)
                 return await self.run_wait(state, w, None)
             queued = waiter is not None
             slot = state.join_slot(slot_key)
@@ -216,8 +214,8 @@ class AsyncRunner:
                     raise self._not_acquired(key, spec, start, result) from None
             turn = True
             try:
-                w = self._waiting(
-                    state, (key,), token, plan, spec, start, deadline, result, waiter if queued else None, "", failure
+                w = engine.waiting(
+                    state.store, (key,), token, plan, spec, start, result, waiter if queued else None, "", failure
                 )
                 return await self.run_wait(state, w, slot)
             finally:
@@ -232,41 +230,6 @@ class AsyncRunner:
         finally:
             if slot is not None:
                 state.leave_slot(slot_key, slot)
-
-    def _waiting(
-        self,
-        state: LoopState,
-        keys: tuple[str, ...],
-        token: str,
-        plan: Plan,
-        spec: LockSpec,
-        start: float,
-        deadline: float | None,
-        result: AcquireResult,
-        queued: str | None,
-        below: str,
-        failure: BackendError | None,
-        multi: bool = False,
-    ) -> Waiting:
-        engine = self.engine
-        own_id = state.store.waiter_id(True) if multi else (queued if spec.kind.own_place else None)
-        return Waiting(
-            keys,
-            spec.kind,
-            token,
-            plan.lease_time,
-            start,
-            deadline,
-            spec.wait,
-            result,
-            queued=queued,
-            notify=engine.listens(spec),
-            own_id=own_id,
-            listens=own_id is not None and engine.listens(spec),
-            below=below,
-            failure=failure,
-            multi=multi,
-        )
 
     async def run_wait(self, state: LoopState, w: Waiting, slot: _AsyncSlot | None) -> tuple[AcquireResult, float, str]:
         """The wait loop: do what ``w`` decides until it acquires or raises."""
@@ -348,20 +311,12 @@ class AsyncRunner:
                 await self.release(made, state)
         plan = engine.plan(spec, keys[0], True)
         start = engine.clock()
-        deadline = _policy.wait_deadline(start, spec.wait)
-        w = self._waiting(
-            state, keys, new_token(), plan, spec, start, deadline, AcquireResult(False), None, "", None, True
-        )
+        w = engine.waiting(state.store, keys, new_token(), plan, spec, start, AcquireResult(False), multi=True)
         result, sent, token = await self.run_wait(state, w, None)
         holds: list[Hold] = []
         try:
             raise_if_cancel_lost()
-            refused = engine.too_few_replicas(keys[0], result)
-            if refused is not None:
-                log.warning("%s", refused)
-                raise refused
-            for key, fence in zip(keys, result.fencing_tokens, strict=True):
-                holds.append(engine.new_lease(key, token, fence, result.valid_for, spec, plan, sent, state.loop))
+            engine.granted(keys, token, result, spec, plan, sent, holds, state.loop)
         except BaseException:
             for made in holds:
                 await self.release(made, state)

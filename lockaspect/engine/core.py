@@ -31,6 +31,7 @@ from ..renewal import Renewal, lost_guard
 from ..timer import HashedWheelTimer
 from ..watchdog import Watchdog
 from .holds import Hold, HoldRef
+from .waiting import Waiting
 
 if TYPE_CHECKING:
     from .aio import AsyncRunner
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
 __all__ = ["Engine", "Hold", "Plan", "lost_error", "raise_if_lost", "settle"]
 
 release_log = logging.getLogger("lockaspect.release")
+acquire_log = logging.getLogger("lockaspect.acquire")
 
 
 class Plan(NamedTuple):
@@ -212,18 +214,68 @@ class Engine:
 
     # -- after an acquisition (no I/O) ----------------------------------------------------
 
-    def too_few_replicas(self, key: str, result: AcquireResult) -> NotReplicated | None:
+    def granted(
+        self,
+        keys: tuple[str, ...],
+        token: str,
+        result: AcquireResult,
+        spec: LockSpec,
+        plan: Plan,
+        sent: float,
+        holds: list[Hold],
+        loop: Any = None,
+    ) -> None:
+        """The holds of a granted acquisition, one per key, appended to ``holds`` as they are
+        made (the runner gives back what was made and discards the rest if this is cut short).
+        Raises :class:`NotReplicated` when fewer replicas than asked confirmed it."""
         wanted = self.wait_replicas
-        if wanted is None or result.replicas is None or result.replicas >= wanted[0]:
-            return None
-        replicas, timeout = wanted
-        confirmed = result.replicas
-        return NotReplicated(
-            f"lock {key!r} was confirmed by {confirmed} of {replicas} replica(s) within {timeout:g}s, "
-            "so a failover could lose it; it was released",
-            key=key,
-            replicas=confirmed,
-            wanted=replicas,
+        if wanted is not None and result.replicas is not None and result.replicas < wanted[0]:
+            replicas, timeout = wanted
+            refused = NotReplicated(
+                f"lock {keys[0]!r} was confirmed by {result.replicas} of {replicas} replica(s) within "
+                f"{timeout:g}s, so a failover could lose it; it was released",
+                key=keys[0],
+                replicas=result.replicas,
+                wanted=replicas,
+            )
+            acquire_log.warning("%s", refused)
+            raise refused
+        fences = result.fencing_tokens or (result.fencing_token,)
+        for key, fence in zip(keys, fences, strict=True):
+            holds.append(self.new_lease(key, token, fence, result.valid_for, spec, plan, sent, loop))
+
+    def waiting(
+        self,
+        store: Any,
+        keys: tuple[str, ...],
+        token: str,
+        plan: Plan,
+        spec: LockSpec,
+        start: float,
+        result: AcquireResult,
+        queued: str | None = None,
+        below: str = "",
+        failure: BackendError | None = None,
+        multi: bool = False,
+    ) -> Waiting:
+        """The wait loop's decisions for one caller (``store``: the runner's, for waiter ids)."""
+        own_id = store.waiter_id(True) if multi else (queued if spec.kind.own_place else None)
+        return Waiting(
+            keys,
+            spec.kind,
+            token,
+            plan.lease_time,
+            start,
+            _policy.wait_deadline(start, spec.wait),
+            spec.wait,
+            result,
+            queued=queued,
+            notify=self.listens(spec),
+            own_id=own_id,
+            listens=own_id is not None and self.listens(spec),
+            below=below,
+            failure=failure,
+            multi=multi,
         )
 
     def new_lease(

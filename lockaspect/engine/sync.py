@@ -108,16 +108,15 @@ class SyncRunner:
     ) -> Hold:
         """The hold for a granted acquisition (the first key's; :meth:`acquire_multi` takes
         the others); if anything stops it from being handed over, the lock is given back."""
-        engine = self.engine
+        holds: list[Hold] = []
         try:
-            refused = engine.too_few_replicas(keys[0], result)
-            if refused is not None:
-                log.warning("%s", refused)
-                raise refused
-            return engine.new_lease(keys[0], token, result.fencing_token, result.valid_for, spec, plan, sent)
+            self.engine.granted(keys, token, result, spec, plan, sent, holds)
         except BaseException:
-            self.discard(keys, token, spec.kind.name)
+            for made in holds:
+                self.release(made)
+            self.discard(keys[len(holds) :], token, spec.kind.name)
             raise
+        return holds[0]
 
     def discard(self, keys: tuple[str, ...], token: str, kind: str) -> None:
         for key in keys:
@@ -169,7 +168,7 @@ class SyncRunner:
             self._busy(key, spec, result)
             if kind.own_place:
                 turn = True  # the wait loop leaves the queue itself
-                w = self._waiting((key,), token, plan, spec, start, deadline, result, waiter, below, failure)
+                w = engine.waiting(self.store, (key,), token, plan, spec, start, result, waiter, below, failure)
                 return self.run_wait(w, None)
             queued = waiter is not None
             slot_key = kind.slot_key(key)
@@ -189,8 +188,8 @@ class SyncRunner:
                     raise self._not_acquired(key, spec, start, result)
                 try:
                     turn = True
-                    w = self._waiting(
-                        (key,), token, plan, spec, start, deadline, result, waiter if queued else None, "", failure
+                    w = engine.waiting(
+                        self.store, (key,), token, plan, spec, start, result, waiter if queued else None, "", failure
                     )
                     return self.run_wait(w, slot)
                 finally:
@@ -210,42 +209,6 @@ class SyncRunner:
             ends = "with no expiry" if result.holder_ttl is None else f"in {result.holder_ttl:.3f}s"
             limit = "forever" if spec.wait is None else f"up to {spec.wait:g}s"
             log.debug("%r is busy (the holder's lease ends %s); waiting %s", key, ends, limit)
-
-    def _waiting(
-        self,
-        keys: tuple[str, ...],
-        token: str,
-        plan: Plan,
-        spec: LockSpec,
-        start: float,
-        deadline: float | None,
-        result: AcquireResult,
-        queued: str | None,
-        below: str,
-        failure: BackendError | None,
-        multi: bool = False,
-    ) -> Waiting:
-        engine = self.engine
-        own_id = queued if spec.kind.own_place and not multi else None
-        if multi:
-            own_id = self.store.waiter_id(True)
-        return Waiting(
-            keys,
-            spec.kind,
-            token,
-            plan.lease_time,
-            start,
-            deadline,
-            spec.wait,
-            result,
-            queued=queued,
-            notify=engine.listens(spec),
-            own_id=own_id,
-            listens=own_id is not None and engine.listens(spec),
-            below=below,
-            failure=failure,
-            multi=multi,
-        )
 
     def run_wait(self, w: Waiting, slot: _Slot | None) -> tuple[AcquireResult, float, str]:
         """The wait loop: do what ``w`` decides until it acquires or raises."""
@@ -323,18 +286,11 @@ class SyncRunner:
             if entered is not None:
                 return entered
         plan = engine.plan(spec, keys[0], True)
-        start = engine.clock()
-        deadline = _policy.wait_deadline(start, spec.wait)
-        w = self._waiting(keys, new_token(), plan, spec, start, deadline, AcquireResult(False), None, "", None, True)
+        w = engine.waiting(self.store, keys, new_token(), plan, spec, engine.clock(), AcquireResult(False), multi=True)
         result, sent, token = self.run_wait(w, None)
         holds: list[Hold] = []
         try:
-            refused = engine.too_few_replicas(keys[0], result)
-            if refused is not None:
-                log.warning("%s", refused)
-                raise refused
-            for key, fence in zip(keys, result.fencing_tokens, strict=True):
-                holds.append(engine.new_lease(key, token, fence, result.valid_for, spec, plan, sent))
+            engine.granted(keys, token, result, spec, plan, sent, holds)
         except BaseException:
             for made in holds:
                 self.release(made)

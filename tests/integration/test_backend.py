@@ -93,13 +93,16 @@ def expirations(server_raw: Any) -> Iterator[Any]:
         server_raw.config_set("notify-keyspace-events", previous)
 
 
-def await_message(pubsub: Any, timeout: float = 10.0) -> tuple[str, bytes]:
+def await_message(pubsub: Any, timeout: float = 10.0, about: bytes | None = None) -> tuple[str, bytes]:
     """The next published message on ``pubsub`` as ``(channel, payload)``, waiting up to
-    ``timeout`` seconds."""
+    ``timeout`` seconds; with ``about``, the next whose payload it is (the server is shared:
+    other tests' keys expire too)."""
     deadline = time.monotonic() + timeout
     while (remaining := deadline - time.monotonic()) > 0:
         message = pubsub.get_message(timeout=remaining)
-        if message is not None and message["type"] in ("message", "pmessage"):
+        if message is None or message["type"] not in ("message", "pmessage"):
+            continue
+        if about is None or bytes(message["data"]) == about:
             return bytes(message["channel"]).decode(), bytes(message["data"])
     raise AssertionError(f"no message arrived within {timeout}s")
 
@@ -122,7 +125,8 @@ class TestAcquire:
         """A lock that expired (was never released) does not reset its key's fence counter."""
         first = backend.lock_acquire("order:2", token(), 0.001)
         assert first.acquired
-        assert await_message(expirations) == ("__keyevent@0__:expired", backend.lock_key("order:2").encode())
+        expired = backend.lock_key("order:2").encode()
+        assert await_message(expirations, about=expired) == ("__keyevent@0__:expired", expired)
         assert not server_raw.exists(backend.lock_key("order:2"))
 
         second = backend.lock_acquire("order:2", token(), LONG)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+import lockaspect.backends as backends
 from lockaspect import ConfigurationError, LockClient, LockLost
 from lockaspect._policy import FAIR_GONE_AFTER
 from lockaspect.backends import open_store, register_store, registered_schemes
@@ -160,13 +161,15 @@ def test_memory_url_errors() -> None:
         LockClient.from_url("memory://", wait_replicas=(1, 0.5))
 
 
-def test_register_store_at_run_time() -> None:
+def test_register_store_at_run_time(monkeypatch: pytest.MonkeyPatch) -> None:
     made: list[str] = []
 
     def factory(url: str, *, namespace: str = "lockaspect:") -> MemoryStore:
         made.append(url)
         return MemoryStore(namespace=namespace)
 
+    registered_schemes()  # the entry points are read, so that the registry can be restored after
+    monkeypatch.setattr(backends, "_factories", dict(backends._factories))
     register_store("unittest-mem", factory)
     assert "unittest-mem" in registered_schemes()
     with LockClient.from_url("unittest-mem://x") as client, client.lock("k") as lease:

@@ -22,6 +22,7 @@ from ..base import (
     ReleaseResult,
     RenewItem,
     RenewStatus,
+    new_waiter_id,
 )
 from ._kinds import MemoryState
 from ._notify import AsyncMemoryNotifier, Hub, MemoryNotifier
@@ -112,9 +113,8 @@ class _MemoryBase:
 
     @staticmethod
     def waiter_id(listens: bool) -> str:
-        """A fresh waiter id; ids of waiters that will not listen start with "p" (a fair
-        release keeps their place instead of skipping them, see release.lua)."""
-        return ("n" if listens else "p") + os.urandom(8).hex()
+        """A fresh waiter id (see :func:`~lockaspect.backends.base.new_waiter_id`)."""
+        return new_waiter_id(listens)
 
     def _check(self, request: AcquireRequest) -> AcquireRequest:
         """``request`` with its keys namespaced, or :class:`ConfigurationError`."""

@@ -31,13 +31,12 @@ distinct lock name ever used.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 from ..._policy import FAIR_GONE_AFTER, FAIR_SUBSCRIBE_GRACE
 from ...errors import ConfigurationError
-from ..base import AcquireRequest, AcquireResult, Capability, ReleaseResult
+from ..base import AcquireRequest, AcquireResult, Capability, ReleaseResult, new_waiter_id
 from ._script import LuaScript
 from ._wire import _Undo
 
@@ -96,9 +95,8 @@ class _Layout:
 
     @staticmethod
     def waiter_id(listens: bool) -> str:
-        """A waiter id with a queue place of its own; ids of waiters that will not listen for
-        wake-ups start with "p" (release.lua hands them a free lock without a message)."""
-        return ("n" if listens else "p") + os.urandom(8).hex()
+        """A fresh waiter id (see :func:`~lockaspect.backends.base.new_waiter_id`)."""
+        return new_waiter_id(listens)
 
     def __init__(self, namespace: str) -> None:
         if "{" in namespace or "}" in namespace:

@@ -42,6 +42,7 @@ import redis
 import redis.connection
 
 from ...errors import ConfigurationError
+from ..base import redacted
 
 __all__ = ["SCHEMES", "allowed_redis_options", "check_redis_options", "open_redis_store"]
 
@@ -125,19 +126,7 @@ def allowed_redis_options(connection_class: type) -> frozenset[str]:
     return allowed
 
 
-def _redacted(url: str) -> str:
-    """``url`` with its password (``user:password@`` or ``?password=``) replaced by ``***``:
-    errors must not leak it."""
-    url = _QUERY_PASSWORD.sub(r"\1***", url)
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return url
-    netloc, slash, tail = rest.partition("/")
-    userinfo, at, host = netloc.rpartition("@")
-    if not at or ":" not in userinfo:
-        return url
-    user = userinfo.split(":", 1)[0]
-    return f"{scheme}://{user}:***@{host}{slash}{tail}"
+_redacted = redacted
 
 
 def _bad_url(url: str, why: str) -> ConfigurationError:

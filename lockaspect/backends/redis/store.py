@@ -18,7 +18,7 @@ import redis
 from redis.exceptions import RedisError
 
 from ...errors import ConfigurationError
-from ..base import AcquireRequest, AcquireResult, KeyState, ReleaseResult, RenewItem
+from ..base import AcquireRequest, AcquireResult, KeyState, ReleaseResult, RenewItem, redacted
 from ._admin import DESCRIBE, FORCE_RELEASE, SCAN_COUNT, held_candidates, held_flags, held_new, scan_match
 from ._async_wire import _AsyncWire, _run_async, _run_async_then
 from ._client import map_redis_error, no_retry_async_client, no_retry_client
@@ -94,7 +94,7 @@ class RedisStore(_Layout):
         return cls(no_retry_client(url, **options), namespace=namespace, url=url, **options)
 
     def __repr__(self) -> str:
-        where = "a redis-py client" if self._url is None else _without_password(self._url)
+        where = "a redis-py client" if self._url is None else redacted(self._url)
         return f"<RedisStore {where} namespace={self.namespace!r}>"
 
     def asyncio_twin(self) -> AsyncRedisStore:
@@ -478,12 +478,3 @@ class AsyncRedisStore(_Layout):
 #: The old names of the two stores.
 RedisBackend = RedisStore
 AsyncRedisBackend = AsyncRedisStore
-
-
-def _without_password(url: str) -> str:
-    """``url`` with its password masked (a repr ends up in logs and error messages)."""
-    scheme, sep, rest = url.partition("://")
-    userinfo, at, host = rest.rpartition("@")
-    if not sep or not at or ":" not in userinfo:
-        return url
-    return f"{scheme}://{userinfo.split(':', 1)[0]}:***@{host}"
