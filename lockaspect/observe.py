@@ -17,7 +17,7 @@ Events (``LockEvent.name``):
 ``"waiting"``
     A call found the lock busy and starts waiting (``waited`` is 0).
 ``"not_acquired"``
-    A call gave up: the lock stayed busy (``waited`` seconds).
+    A call gave up: the lock stayed busy (``waited`` seconds, ``count`` attempts).
 ``"released"``
     A lock was given back to the store.
 ``"release_failed"``
@@ -157,7 +157,7 @@ class LogObserver:
                 event.fencing_token or 0,
             )
         elif name == "not_acquired" and acquire_log.isEnabledFor(logging.DEBUG):
-            acquire_log.debug("%r not acquired after waiting %.3fs", event.key, event.waited or 0.0)
+            acquire_log.debug("%r not acquired after %d attempt(s)", event.key, event.count)
 
 
 class Observers:

@@ -105,9 +105,10 @@ class AsyncRunner:
             if waiter is not None:
                 await self.leave_queue(state, key, waiter, spec, kind.slot_key(key) in state.slots)
             raise
+        start = sent
         if not result.acquired:
-            result, sent, token = await self.wait(state, key, token, plan, spec, sent, result, waiter, below, failure)
-        return await self.take(state, (key,), token, result, spec, plan, sent)
+            result, sent, token = await self.wait(state, key, token, plan, spec, start, result, waiter, below, failure)
+        return await self.take(state, (key,), token, result, spec, plan, sent, start)
 
     def _first_waiter(self, state: LoopState, key: str, spec: LockSpec) -> str | None:
         engine = self.engine
@@ -132,13 +133,14 @@ class AsyncRunner:
         spec: LockSpec,
         plan: Plan,
         sent: float,
+        start: float,
     ) -> Hold:
         holds: list[Hold] = []
         try:
             # Before Python 3.12 a cancellation that lands as redis-py completes a write can be
             # swallowed (asyncio.wait_for): it must not let a cancelled task into its body.
             raise_if_cancel_lost()
-            self.engine.granted(keys, token, result, spec, plan, sent, holds, state.loop)
+            self.engine.granted(keys, token, result, spec, plan, sent, holds, state.loop, sent - start)
         except BaseException:
             for made in holds:
                 await self.release(made, state)
@@ -237,6 +239,8 @@ class AsyncRunner:
         clock = engine.clock
         store = state.store
         notifier: Any = store.notifier() if w.notify else None
+        if notifier is None:
+            w.notify = False  # no notifier after all (a closed store): poll
         subscription: Any = None
         try:
             while True:
@@ -244,7 +248,7 @@ class AsyncRunner:
                 try:
                     step = w.step(clock(), engine.closed, subscription is not None and subscription.active)
                 except LockNotAcquired as exc:
-                    engine.emit(LockEvent("not_acquired", exc.key or w.keys[0], w.kind.name, exc.waited))
+                    engine.emit(LockEvent("not_acquired", exc.key or w.keys[0], w.kind.name, exc.waited, count=w.tries))
                     raise
                 if step == ATTEMPT:
                     sent = clock()
@@ -256,6 +260,8 @@ class AsyncRunner:
                         continue
                     if w.attempted(result):
                         return result, sent, w.token
+                    if w.multi and w.tries == 1 and w.wait != 0:
+                        engine.emit(LockEvent("waiting", w.keys[0], w.kind.name, 0.0))
                 elif step == LISTEN:
                     if subscription is not None:
                         notifier.unsubscribe(subscription)
@@ -263,7 +269,7 @@ class AsyncRunner:
                     leave = w.leave_watched()
                     if leave is not None:
                         await _quietly(state, store.unqueue(*leave, "lock"))
-                    subscription = await notifier.subscribe(w.listen_key, w.listen_timeout(clock()), w.listen_as)
+                    subscription = await notifier.subscribe(w.listen_key, w.listen_timeout(), w.listen_as)
                     w.listened(subscription.active, notifier.waiter_id)
                 else:
                     if subscription is not None:
@@ -316,7 +322,7 @@ class AsyncRunner:
         holds: list[Hold] = []
         try:
             raise_if_cancel_lost()
-            engine.granted(keys, token, result, spec, plan, sent, holds, state.loop)
+            engine.granted(keys, token, result, spec, plan, sent, holds, state.loop, sent - w.start)
         except BaseException:
             for made in holds:
                 await self.release(made, state)

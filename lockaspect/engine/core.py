@@ -224,6 +224,7 @@ class Engine:
         sent: float,
         holds: list[Hold],
         loop: Any = None,
+        waited: float | None = None,
     ) -> None:
         """The holds of a granted acquisition, one per key, appended to ``holds`` as they are
         made (the runner gives back what was made and discards the rest if this is cut short).
@@ -238,11 +239,14 @@ class Engine:
                 replicas=result.replicas,
                 wanted=replicas,
             )
-            acquire_log.warning("%s", refused)
+            acquire_log.warning(
+                "%r: %d of %d replica(s) confirmed the lock within %gs; released",
+                keys[0], result.replicas, replicas, timeout,
+            )  # fmt: skip
             raise refused
         fences = result.fencing_tokens or (result.fencing_token,)
         for key, fence in zip(keys, fences, strict=True):
-            holds.append(self.new_lease(key, token, fence, result.valid_for, spec, plan, sent, loop))
+            holds.append(self.new_lease(key, token, fence, result.valid_for, spec, plan, sent, loop, waited))
 
     def waiting(
         self,

@@ -86,9 +86,10 @@ class SyncRunner:
             if waiter is not None:
                 self.leave_queue(key, waiter, spec, spec.kind.slot_key(key) in self.slots)
             raise
+        start = sent
         if not result.acquired:
-            result, sent, token = self.wait(key, token, plan, spec, sent, result, waiter, below, failure)
-        return self.take((key,), token, result, spec, plan, sent)
+            result, sent, token = self.wait(key, token, plan, spec, start, result, waiter, below, failure)
+        return self.take((key,), token, result, spec, plan, sent, start)
 
     def _first_waiter(self, key: str, spec: LockSpec) -> str | None:
         engine = self.engine
@@ -104,13 +105,20 @@ class SyncRunner:
         return result
 
     def take(
-        self, keys: tuple[str, ...], token: str, result: AcquireResult, spec: LockSpec, plan: Plan, sent: float
+        self,
+        keys: tuple[str, ...],
+        token: str,
+        result: AcquireResult,
+        spec: LockSpec,
+        plan: Plan,
+        sent: float,
+        start: float,
     ) -> Hold:
         """The hold for a granted acquisition (the first key's; :meth:`acquire_multi` takes
         the others); if anything stops it from being handed over, the lock is given back."""
         holds: list[Hold] = []
         try:
-            self.engine.granted(keys, token, result, spec, plan, sent, holds)
+            self.engine.granted(keys, token, result, spec, plan, sent, holds, None, sent - start)
         except BaseException:
             for made in holds:
                 self.release(made)
@@ -216,13 +224,15 @@ class SyncRunner:
         clock = engine.clock
         store = self.store
         notifier: Any = store.notifier() if w.notify else None
+        if notifier is None:
+            w.notify = False  # no notifier after all (a closed store): poll
         subscription: Any = None
         try:
             while True:
                 try:
                     step = w.step(clock(), engine.closed, subscription is not None and subscription.active)
                 except LockNotAcquired as exc:
-                    engine.emit(LockEvent("not_acquired", exc.key or w.keys[0], w.kind.name, exc.waited))
+                    engine.emit(LockEvent("not_acquired", exc.key or w.keys[0], w.kind.name, exc.waited, count=w.tries))
                     raise
                 if step == ATTEMPT:
                     sent = clock()
@@ -234,6 +244,8 @@ class SyncRunner:
                         continue
                     if w.attempted(result):
                         return result, sent, w.token
+                    if w.multi and w.tries == 1 and w.wait != 0:
+                        engine.emit(LockEvent("waiting", w.keys[0], w.kind.name, 0.0))
                 elif step == LISTEN:
                     if subscription is not None:
                         notifier.unsubscribe(subscription)
@@ -241,7 +253,7 @@ class SyncRunner:
                     leave = w.leave_watched()
                     if leave is not None:
                         self.unqueue(*leave, "lock")
-                    subscription = notifier.subscribe(w.listen_key, w.listen_timeout(clock()), w.listen_as)
+                    subscription = notifier.subscribe(w.listen_key, w.listen_timeout(), w.listen_as)
                     w.listened(subscription.active, notifier.waiter_id)
                 else:
                     woken = subscription.wait(w.pause) if subscription is not None else _sleep(w.pause)
@@ -290,7 +302,7 @@ class SyncRunner:
         result, sent, token = self.run_wait(w, None)
         holds: list[Hold] = []
         try:
-            engine.granted(keys, token, result, spec, plan, sent, holds)
+            engine.granted(keys, token, result, spec, plan, sent, holds, None, sent - w.start)
         except BaseException:
             for made in holds:
                 self.release(made)

@@ -83,6 +83,7 @@ class Waiting:
         "listens",
         "multi",
         "notify",
+        "now",
         "own",
         "own_id",
         "pause",
@@ -145,6 +146,7 @@ class Waiting:
         self.tries = 0 if multi else 1
         self.pause = 0.0
         self.sent = 0.0
+        self.now = start  # the time of the last step
         self.listen_key = keys[0]
         self.listen_as: str | None = None
         self._next = ATTEMPT if multi else -1
@@ -155,6 +157,7 @@ class Waiting:
         """The next step, or raise: the wait ran out, or the client closed. ``active``: the
         subscription is confirmed now (a notifier whose connection failed loses it)."""
         self.subscribed = active
+        self.now = now
         if self._next == ATTEMPT:
             self._next = -1
             return ATTEMPT
@@ -182,9 +185,11 @@ class Waiting:
         )
         return PAUSE
 
-    def listen_timeout(self, now: float) -> float:
+    def listen_timeout(self) -> float:
+        """How long to wait for the store to confirm a subscription: at most until the
+        deadline, counted from the step that asked to listen."""
         deadline = self.deadline
-        return SUBSCRIBE_TIMEOUT if deadline is None else min(SUBSCRIBE_TIMEOUT, deadline - now)
+        return SUBSCRIBE_TIMEOUT if deadline is None else min(SUBSCRIBE_TIMEOUT, deadline - self.now)
 
     def leave_watched(self) -> tuple[str, str] | None:
         """A multi-key waiter about to listen on another key: the queue place to leave first."""

@@ -8,6 +8,7 @@ by step.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -165,3 +166,40 @@ def test_a_kind_the_store_does_not_serve_is_refused_before_any_io(make: Any, clo
         with client.lock("k"):
             pass
     assert [request.kind for request in store.requests] == ["lock"]
+
+
+def test_a_waiter_polls_when_the_store_has_no_notifier_any_more() -> None:
+    """Two clients on one store object; one closes it (the store stops notifying): the other's
+    waiter falls back to polling and gets the lock when it is released."""
+    store = MemoryStore()
+    first, second = LockClient(store), LockClient(store)
+    try:
+        holder = second.lock("k")
+        holder.__enter__()
+        first.close()
+        assert store.notifier() is None
+        got: list[int] = []
+        waiter = threading.Thread(target=lambda: got.append(_take(second, "k")))
+        waiter.start()
+        holder.__exit__(None, None, None)
+        waiter.join(30)
+        assert len(got) == 1
+        assert got[0] > 0
+    finally:
+        second.close()
+
+
+def _take(client: LockClient, key: str) -> int:
+    with client.lock(key, wait=30) as lease:
+        return lease.fencing_token
+
+
+def test_an_acquisition_event_says_how_long_it_waited(client: LockClient, other: LockClient) -> None:
+    events: list[LockEvent] = []
+    watcher = LockClient(client.backend, observers=[events.append])
+    try:
+        with watcher.lock("w", wait=5):
+            pass
+        assert [(e.name, e.waited) for e in events if e.name == "acquired"] == [("acquired", 0.0)]
+    finally:
+        watcher.close()

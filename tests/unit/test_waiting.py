@@ -37,7 +37,7 @@ class TestSingleKey:
         w = waiting(notify=True)
         assert w.step(101.0, False, False) == LISTEN
         assert (w.listen_key, w.listen_as) == ("k", None)
-        assert w.listen_timeout(101.0) == SUBSCRIBE_TIMEOUT
+        assert w.listen_timeout() == SUBSCRIBE_TIMEOUT
         w.listened(True, "proc")
         assert w.step(101.0, False, True) == ATTEMPT
         request = w.request(101.0)
@@ -51,6 +51,11 @@ class TestSingleKey:
         w.paused(True)
         assert w.step(102.0, False, True) == ATTEMPT
         assert w.request(102.0).front  # woken but beaten to it: keep the head of the queue
+
+    def test_the_subscribe_timeout_ends_at_the_deadline_counted_from_the_step(self) -> None:
+        w = waiting(notify=True)
+        assert w.step(109.5, False, False) == LISTEN
+        assert w.listen_timeout() == pytest.approx(0.5)
 
     def test_an_unconfirmed_subscription_is_not_made_again_and_the_waiter_polls(self) -> None:
         w = waiting(notify=True)
