@@ -17,7 +17,7 @@ Events (``LockEvent.name``):
 ``"waiting"``
     A call found the lock busy and starts waiting (``waited`` is 0).
 ``"not_acquired"``
-    A call gave up: the lock stayed busy (``waited`` seconds, ``count`` attempts).
+    A call gave up: the lock stayed busy (``waited`` seconds, ``number`` attempts).
 ``"released"``
     A lock was given back to the store.
 ``"release_failed"``
@@ -27,9 +27,9 @@ Events (``LockEvent.name``):
 ``"renewing"``
     A watchdog round trip starts, renewing ``batch`` leases.
 ``"renewed"``
-    That round trip's outcome: ``count`` leases renewed out of ``batch``.
+    That round trip's outcome: ``number`` leases renewed out of ``batch``.
 ``"renewal_failed"``
-    ``count`` renewals failed and will be retried while their leases last (``error``).
+    ``number`` renewals failed and will be retried while their leases last (``error``).
 ``"lost"``
     A lease was lost (``reason``: ``"expired"``, ``"not-owner"``, ``"max-hold"``).
 """
@@ -40,6 +40,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 __all__ = ["ClientStats", "LockEvent", "LogObserver", "Observer", "Observers", "StatsObserver"]
 
@@ -48,9 +49,9 @@ lost_log = logging.getLogger("lockaspect.watchdog")
 acquire_log = logging.getLogger("lockaspect.acquire")
 
 
-@dataclass(frozen=True, slots=True)
-class LockEvent:
-    """One thing the engine did (see the module docstring for the names).
+class LockEvent(NamedTuple):
+    """One thing the engine did (see the module docstring for the names). A named tuple: one
+    is made for every acquisition and release, so it must be cheap.
 
     Attributes:
         name: What happened.
@@ -61,7 +62,7 @@ class LockEvent:
         fencing_token: The lease's fencing token, where there is one.
         reason: Why a lease was lost.
         error: The store's error, for the failures.
-        count: How many leases a watchdog event covers.
+        number: How many leases a watchdog event covers; for ``not_acquired``, the attempts.
         batch: How many leases one renewal round trip carried.
     """
 
@@ -72,7 +73,7 @@ class LockEvent:
     fencing_token: int | None = None
     reason: str | None = None
     error: BaseException | None = None
-    count: int = 1
+    number: int = 1
     batch: int = 0
 
 
@@ -114,11 +115,11 @@ class StatsObserver:
             if name in counts:
                 counts[name] += 1
             elif name == "renewed":
-                counts["renewals"] += event.count
+                counts["renewals"] += event.number
             elif name == "renewing":
                 counts["round_trips"] += 1
             elif name == "renewal_failed":
-                counts["renewal_failures"] += event.count
+                counts["renewal_failures"] += event.number
 
     def snapshot(self, held: int) -> ClientStats:
         with self._lock:
@@ -157,7 +158,7 @@ class LogObserver:
                 event.fencing_token or 0,
             )
         elif name == "not_acquired" and acquire_log.isEnabledFor(logging.DEBUG):
-            acquire_log.debug("%r not acquired after %d attempt(s)", event.key, event.count)
+            acquire_log.debug("%r not acquired after %d attempt(s)", event.key, event.number)
 
 
 class Observers:

@@ -308,10 +308,10 @@ class Watchdog:
         self._outcome(len(records), error)
         self._apply(records, sent, requests, statuses)
         if emit is not None:
-            emit(LockEvent("renewed", count=stats.renewals - renewals, batch=len(records)))
+            emit(LockEvent("renewed", number=stats.renewals - renewals, batch=len(records)))
             failed = stats.renewal_failures - failures
             if failed:
-                emit(LockEvent("renewal_failed", count=failed, batch=len(records), error=error))
+                emit(LockEvent("renewal_failed", number=failed, batch=len(records), error=error))
 
     def _outcome(self, count: int, error: BackendError | None) -> None:
         """Account a round trip's success or failure, logging an outage once each way."""

@@ -111,6 +111,8 @@ class AsyncRunner:
         return await self.take(state, (key,), token, result, spec, plan, sent, start)
 
     def _first_waiter(self, state: LoopState, key: str, spec: LockSpec) -> str | None:
+        if spec.wait == 0:
+            return None  # a single try never queues
         engine = self.engine
         if spec.kind.own_place or not engine.listens(spec):
             return engine.early_waiter(spec, None)
@@ -248,7 +250,9 @@ class AsyncRunner:
                 try:
                     step = w.step(clock(), engine.closed, subscription is not None and subscription.active)
                 except LockNotAcquired as exc:
-                    engine.emit(LockEvent("not_acquired", exc.key or w.keys[0], w.kind.name, exc.waited, count=w.tries))
+                    engine.emit(
+                        LockEvent("not_acquired", exc.key or w.keys[0], w.kind.name, exc.waited, number=w.tries)
+                    )
                     raise
                 if step == ATTEMPT:
                     sent = clock()

@@ -92,6 +92,8 @@ class SyncRunner:
         return self.take((key,), token, result, spec, plan, sent, start)
 
     def _first_waiter(self, key: str, spec: LockSpec) -> str | None:
+        if spec.wait == 0:
+            return None  # a single try never queues
         engine = self.engine
         if spec.kind.own_place or not engine.listens(spec):
             return engine.early_waiter(spec, None)
@@ -232,7 +234,9 @@ class SyncRunner:
                 try:
                     step = w.step(clock(), engine.closed, subscription is not None and subscription.active)
                 except LockNotAcquired as exc:
-                    engine.emit(LockEvent("not_acquired", exc.key or w.keys[0], w.kind.name, exc.waited, count=w.tries))
+                    engine.emit(
+                        LockEvent("not_acquired", exc.key or w.keys[0], w.kind.name, exc.waited, number=w.tries)
+                    )
                     raise
                 if step == ATTEMPT:
                     sent = clock()

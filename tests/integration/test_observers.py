@@ -89,7 +89,7 @@ def test_renewals_and_a_loss_are_observed(
     renewed, lost = threading.Event(), threading.Event()
 
     def on_renewed(event: LockEvent) -> None:
-        if event.name == "renewed" and event.count:
+        if event.name == "renewed" and event.number:
             renewed.set()
 
     client = make_client(observers=[recorder, on_renewed], watchdog_lease=1.0, tick=0.05)
