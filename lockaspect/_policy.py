@@ -224,3 +224,19 @@ def retry_sleep(
     if deadline is not None:
         sleep = min(sleep, deadline - now)
     return max(sleep, 0.0)
+
+
+def client_settings(watchdog_lease: object, tick: object, delay_weight: object) -> tuple[float, float, float]:
+    """A client's ``watchdog_lease``, ``tick`` and default ``delay_weight``, checked (the
+    default weight depends on the lease and the tick, see :func:`default_delay_weight`)."""
+    lease = seconds(watchdog_lease, "watchdog_lease")
+    tick_s = seconds(tick, "tick")
+    assert lease is not None
+    assert tick_s is not None
+    if tick_s >= lease:
+        raise ConfigurationError(f"tick ({tick_s:g}s) must be shorter than watchdog_lease ({lease:g}s)")
+    if delay_weight is None:
+        return lease, tick_s, default_delay_weight(lease, tick_s)
+    weight = check_delay_weight(delay_weight)
+    check_margin(lease, weight, tick_s)
+    return lease, tick_s, weight

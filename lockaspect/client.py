@@ -24,7 +24,7 @@ from .executor import check_executor
 from .keys import check_key, check_keys
 from .observe import ClientStats, LogObserver, Observer, Observers, StatsObserver
 from .options import WAIT_STRATEGIES as WAIT_STRATEGIES
-from .options import LockSpec, OnLost, client_settings
+from .options import LockSpec, OnLost
 
 __all__ = ["ClientStats", "LockClient", "LockSpec"]
 
@@ -70,7 +70,7 @@ class LockClient:
         observers: Iterable[Observer] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        lease, tick_s, weight = client_settings(watchdog_lease, tick, delay_weight)
+        lease, tick_s, weight = _policy.client_settings(watchdog_lease, tick, delay_weight)
         users = Observers.check(observers)
         replicated = _policy.check_wait_replicas(wait_replicas, None)
         if replicated is not None:

@@ -63,7 +63,6 @@ __all__ = [
     "check",
     "check_margin",
     "check_policy",
-    "client_settings",
     "merge",
     "spec_of",
 ]
@@ -393,22 +392,6 @@ def spec_of(values: Mapping[str, Any]) -> LockSpec:
     return LockSpec(*[values.get(name, DEFAULTS[name]) for name in _FIELDS])
 
 
-def client_settings(watchdog_lease: object, tick: object, delay_weight: object) -> tuple[float, float, float]:
-    """A client's ``watchdog_lease``, ``tick`` and default ``delay_weight``, checked (the
-    default weight depends on the lease and the tick, see :func:`_policy.default_delay_weight`)."""
-    lease = _policy.seconds(watchdog_lease, "watchdog_lease")
-    tick_s = _policy.seconds(tick, "tick")
-    assert lease is not None
-    assert tick_s is not None
-    if tick_s >= lease:
-        raise ConfigurationError(f"tick ({tick_s:g}s) must be shorter than watchdog_lease ({lease:g}s)")
-    if delay_weight is None:
-        return lease, tick_s, _policy.default_delay_weight(lease, tick_s)
-    weight = _policy.check_delay_weight(delay_weight)
-    _policy.check_margin(lease, weight, tick_s)
-    return lease, tick_s, weight
-
-
 def check_margin(spec: LockSpec, watchdog_lease: float | None, tick: float | None) -> None:
     """The ``delay_weight`` rule: a watchdog lease given a ``delay_weight`` must leave
     ``(1 - delay_weight) * watchdog_lease > tick + 0.1 s``. Without a client yet, a
@@ -475,8 +458,19 @@ class LockSpec:
         mode: object = None,
     ) -> LockSpec:
         args = (lease, delay_weight, wait, max_hold, on_lost, wait_strategy, fair, permits, mode)
-        if args == _DEFAULT_ARGS and tuple(map(type, args)) == _DEFAULT_TYPES:
+        types = tuple(map(type, args))
+        if args == _DEFAULT_ARGS and types == _DEFAULT_TYPES:
             return DEFAULT_SPEC  # the common case (client.lock(key)), without running the validators
+        # Other plain values (client.lock(key, lease=10) in a loop) are validated once; the key
+        # has the types, so True is not taken for 1. Hooks are not kept: a fresh one per call.
+        cache = on_lost is None
+        if cache:
+            try:
+                found = _SPECS.get((args, types))
+            except TypeError:  # an unhashable value: the validators say what is wrong with it
+                found, cache = None, False
+            if found is not None:
+                return found
         values = {
             "lease": lease,
             "delay_weight": delay_weight,
@@ -488,8 +482,14 @@ class LockSpec:
             "permits": permits,
             "mode": mode,
         }
-        return spec_of(check(values))
+        spec = spec_of(check(values))
+        if cache and len(_SPECS) < 256:
+            _SPECS[(args, types)] = spec
+        return spec
 
+
+#: Specs made from plain option values, by the values and their types (see create).
+_SPECS: dict[tuple[tuple[object, ...], tuple[type, ...]], LockSpec] = {}
 
 #: The spec of a call that sets no option.
 DEFAULT_SPEC: Final = LockSpec()

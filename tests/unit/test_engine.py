@@ -203,3 +203,14 @@ def test_an_acquisition_event_says_how_long_it_waited(client: LockClient, other:
         assert [(e.name, e.waited) for e in events if e.name == "acquired"] == [("acquired", 0.0)]
     finally:
         watcher.close()
+
+
+def test_specs_made_from_plain_values_are_reused_but_never_confused_by_type(client: LockClient) -> None:
+    from lockaspect.options import LockSpec
+
+    assert LockSpec.create(wait=1) is LockSpec.create(wait=1)
+    assert LockSpec.create(wait=1).wait == 1.0
+    with pytest.raises(TypeError, match="wait"):
+        LockSpec.create(wait=True)  # equal to 1 and hashed alike: the cache keys on the type too
+    with pytest.raises(TypeError, match="wait"):
+        client.lock("k", wait=True)
