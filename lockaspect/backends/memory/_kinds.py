@@ -1,6 +1,6 @@
 """The memory store's semaphores and read-write locks, and :class:`MemoryState`, the whole
 state machine with its operation tables (the twins of the Redis store's ``_ACQUIRE``,
-``_RELEASE`` and ``_REENTER``). Pure, as :mod:`._state`: no threads, no clock, no I/O.
+``_RELEASE`` and ``_REENTER`` in ``backends/redis/_layout.py``). Pure, as :mod:`._state`: no threads, no clock, no I/O.
 
 Semaphores follow sem_acquire.lua, sem_release.lua, sem_renew.lua and sem_set.lua; read-write
 locks rw_acquire.lua, rw_release.lua and rw_held.lua; unqueue.lua serves every kind.

@@ -1,5 +1,5 @@
 """The memory store's state machine: every lock kind's acquire, release, re-entry, renewal
-and queues, as the Lua scripts in ``lockaspect/backends/lua/`` define them. Pure: no
+and queues, as the Lua scripts in ``lockaspect/backends/redis/lua/`` define them. Pure: no
 threads, no locks, no clock of its own (every operation is given ``now``), no I/O.
 
 The layout follows the Redis store's keys (``docs/how-it-works.md``), one dictionary per
