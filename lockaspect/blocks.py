@@ -11,8 +11,9 @@ from types import TracebackType
 from typing import Any
 
 from .engine._loop import LostCancel, cancelling
-from .engine.core import Engine, lost_error, raise_if_lost
+from .engine.core import Engine
 from .engine.holds import Hold
+from .engine.outcome import lost_error, raise_if_lost
 from .errors import LockLost, LockNotAcquired
 from .lease import _HELD, Lease, MultiLease, _push
 from .options import LockSpec, OnLost

@@ -21,8 +21,9 @@ from ..lease import _HELD, Lease, _push
 from ..observe import LockEvent
 from ..options import LockSpec
 from ._loop import LoopState, LostCancel, _AsyncSlot, _quietly, cancelling, raise_if_cancel_lost
-from .core import Engine, Plan, lost_error
+from .core import Engine, Plan
 from .holds import Hold
+from .outcome import lost_error
 from .waiting import ATTEMPT, LISTEN, Waiting, new_token, not_acquired
 
 __all__ = ["AsyncRunner"]

@@ -23,8 +23,9 @@ from ..lease import _HELD, Lease, _push
 from ..observe import LockEvent
 from ..options import LockSpec
 from ..renewal import Renewal
-from .core import Engine, Plan, settle
+from .core import Engine, Plan
 from .holds import Hold, HoldRef
+from .outcome import settle
 from .waiting import ATTEMPT, LISTEN, Waiting, new_token, not_acquired
 
 __all__ = ["SyncRunner"]
