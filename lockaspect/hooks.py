@@ -66,8 +66,9 @@ class HookRunner:
                 return
             self._queue.append(lease)
             if self.thread is None:
-                self.thread = threading.Thread(target=self._run, name="lockaspect-hooks", daemon=True)
-                self.thread.start()
+                thread = threading.Thread(target=self._run, name="lockaspect-hooks", daemon=True)
+                thread.start()  # published once started: stop() joins what it finds
+                self.thread = thread
             self._cond.notify()
 
     def _run(self) -> None:

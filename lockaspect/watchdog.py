@@ -231,8 +231,11 @@ class Watchdog:
             if self._thread is None and not self._stopping:
                 with self._lock:
                     if self._thread is None:
-                        self._thread = threading.Thread(target=self._run, name="lockaspect-watchdog", daemon=True)
-                        self._thread.start()
+                        # Published once started: stop() joins what it finds, and a thread not
+                        # started yet cannot be joined.
+                        thread = threading.Thread(target=self._run, name="lockaspect-watchdog", daemon=True)
+                        thread.start()
+                        self._thread = thread
             self._wake.set()
 
     def _deadline_due(self, record: Renewal) -> None:

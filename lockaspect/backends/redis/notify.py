@@ -152,8 +152,9 @@ class RedisNotifier:
         else:
             self._pubsub.unsubscribe(name)
         if self._thread is None:
-            self._thread = threading.Thread(target=self._read, name="lockaspect-notifier", daemon=True)
-            self._thread.start()
+            thread = threading.Thread(target=self._read, name="lockaspect-notifier", daemon=True)
+            thread.start()  # published once started: close() joins what it finds
+            self._thread = thread
 
     def _read(self) -> None:
         me = threading.current_thread()
