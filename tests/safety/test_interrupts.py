@@ -15,6 +15,7 @@ client wedged.
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import logging
 import os
@@ -269,7 +270,7 @@ class TestCloseDuringRenewal:
         monkeypatch.setattr(threading, "excepthook", lambda args: failures.append(args.exc_value))
         client = make_client(url=fresh_server.url, watchdog_lease=1.0, tick=0.02, delay_weight=0.5)
         block = client.lock("closing")
-        block.__enter__()
+        contextvars.copy_context().run(block.__enter__)  # never exited: keep it out of this thread's context
         trips = client.stats().renewal_round_trips
         fresh_server.pause()
         try:
