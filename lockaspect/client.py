@@ -91,7 +91,7 @@ class LockClient:
             delay_weight=weight,
             wait_replicas=replicated,
             clock=clock,
-            emit=Observers([self._stats, LogObserver(), *users]),
+            emit=Observers([LogObserver(), *users], stats=self._stats),
         )
         self._sync = engine.sync = SyncRunner(engine)
         self._async = engine.aio = AsyncRunner(engine)

@@ -6,7 +6,10 @@ An observer is any callable taking a :class:`LockEvent`. Register it when buildi
 observers too (:class:`StatsObserver`, :class:`LogObserver`). Events are emitted once for
 sync and async code, from the engine's decisions, on the thread that made them: the caller's
 for acquisitions and releases, the watchdog's for renewals and most losses. An observer must be
-quick and must not block; one that raises is logged once and never fails a lock.
+quick and must not block; one that raises is logged once and never fails a lock. An observer
+that wants only some events may say so with an ``event_names`` attribute (a frozenset of
+names); no event is made for the lock cycle's ``acquired`` and ``released`` unless an observer
+wants it (the statistics count them without one).
 
 Events (``LockEvent.name``):
 
@@ -108,6 +111,11 @@ class StatsObserver:
         self._lock = threading.Lock()
         self.counts = dict.fromkeys((*self._NAMES, "renewals", "round_trips", "renewal_failures"), 0)
 
+    def count(self, name: str) -> None:
+        """Count one ``name`` event (the cycle's hot path: no event is made for it)."""
+        with self._lock:
+            self.counts[name] += 1
+
     def __call__(self, event: LockEvent) -> None:
         name = event.name
         with self._lock:
@@ -148,6 +156,9 @@ class LogObserver:
 
     __slots__ = ()
 
+    #: The events it logs (an observer may declare ``event_names``: it is then told of no others).
+    event_names = frozenset({"lost", "not_acquired"})
+
     def __call__(self, event: LockEvent) -> None:
         name = event.name
         if name == "lost":
@@ -163,13 +174,37 @@ class LogObserver:
 
 class Observers:
     """The client's observers, called in order for each event; one that raises is logged once
-    (per observer) and otherwise ignored."""
+    (per observer) and otherwise ignored. An observer with an ``event_names`` attribute (a
+    frozenset of event names) is told only of those.
 
-    __slots__ = ("_broken", "_observers")
+    ``stats`` is counted first, for every event; the two events of every lock cycle
+    (``acquired``, ``released``) go through :meth:`cycle`, which makes a :class:`LockEvent`
+    only when another observer wants it."""
 
-    def __init__(self, observers: Iterable[Observer] = ()) -> None:
+    __slots__ = ("_broken", "_by_name", "_observers", "_stats")
+
+    def __init__(self, observers: Iterable[Observer] = (), stats: StatsObserver | None = None) -> None:
+        self._stats = stats
         self._observers: tuple[Observer, ...] = tuple(observers)
         self._broken: set[int] = set()
+        self._by_name: dict[str, tuple[Observer, ...]] = {}
+
+    def _wanting(self, name: str) -> tuple[Observer, ...]:
+        found = self._by_name.get(name)
+        if found is None:
+            found = tuple(o for o in self._observers if _wants(o, name))
+            self._by_name[name] = found
+        return found
+
+    def cycle(
+        self, name: str, key: str, kind: str, fencing_token: int | None = None, waited: float | None = None
+    ) -> None:
+        """Emit ``name`` (``acquired`` or ``released``) without making an event nobody reads."""
+        if self._stats is not None:
+            self._stats.count(name)
+        wanting = self._wanting(name)
+        if wanting:
+            self._tell(wanting, LockEvent(name, key, kind, waited, fencing_token))
 
     @staticmethod
     def check(observers: object) -> list[Observer]:
@@ -185,10 +220,22 @@ class Observers:
         return checked
 
     def __call__(self, event: LockEvent) -> None:
-        for observer in self._observers:
+        if self._stats is not None:
+            self._stats(event)
+        self._tell(self._wanting(event.name), event)
+
+    def _tell(self, observers: tuple[Observer, ...], event: LockEvent) -> None:
+        for observer in observers:
             try:
                 observer(event)
             except Exception:
                 if id(observer) not in self._broken:
                     self._broken.add(id(observer))
                     log.exception("observer %r raised on %s (logged once; it keeps being called)", observer, event.name)
+
+
+def _wants(observer: Observer, name: str) -> bool:
+    """Whether ``observer`` is told of ``name`` events: all of them, unless it declares
+    ``event_names`` (a frozenset)."""
+    names = getattr(observer, "event_names", None)
+    return not isinstance(names, frozenset) or name in names

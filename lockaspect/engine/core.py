@@ -287,7 +287,7 @@ class Engine:
             self.watchdog.register(record)
         else:
             self.watchdog.watch(record)
-        self.emit(LockEvent("acquired", key, kind.name, waited, fence))
+        self.emit.cycle("acquired", key, kind.name, fence, waited)
         return hold
 
     def new_hold(self, lease: Lease) -> Hold:
@@ -389,7 +389,7 @@ class Engine:
         elif code == ReleaseResult.NOT_OWNER:
             self.lost_here(lease, "not-owner")
         elif code == ReleaseResult.RELEASED:
-            self.emit(LockEvent("released", lease.key, lease.kind))
+            self.emit.cycle("released", lease.key, lease.kind)
         else:
             release_log.warning("%r is still held by this owner after its last release", lease.key)
 
