@@ -385,9 +385,7 @@ def checked_request(request: AcquireRequest, namespace: str, store: str) -> Acqu
     if kind == "semaphore":
         permits = request.permits
         if isinstance(permits, bool) or not isinstance(permits, int) or permits < 0:
-            raise ConfigurationError(
-                f"a semaphore request needs its number of permits, got {permits!r}", key=keys[0]
-            )
+            raise ConfigurationError(f"a semaphore request needs its number of permits, got {permits!r}", key=keys[0])
     return request._replace(keys=tuple(namespace + key for key in keys))
 
 

@@ -221,7 +221,8 @@ class AsyncDriver(_DriverBase):
             step = next(op)
             while True:
                 if type(step) is Query:
-                    sent: Any = _rows(await conn.execute(step.sql, step.params))
+                    cursor = await conn.execute(step.sql, step.params)
+                    sent: Any = await cursor.fetchall() if cursor.description is not None else []
                 else:
                     assert isinstance(step, Begin)
                     await conn.execute(self.dialect.begin)
