@@ -203,6 +203,9 @@ class TableOps:
             params = self._claim_params(name, "lock", request, "fair", info)
             params["now"] = now
             claimed = yield Query(self.d.claim_at, params)
+            if not claimed:  # a plain lock of the key took it meanwhile (it does not queue)
+                rows = yield Query(self.d.holder, {"name": name, "space": "lock"})
+                return AcquireResult(False, holder_ttl=_hint(rows[0][1]) if rows else 0.001)
             if waiter is not None:
                 yield Query(self._queue_leave, {**queue, "waiter": waiter})
             return AcquireResult(True, int(claimed[0][0]))
@@ -271,6 +274,8 @@ class TableOps:
             params = self._claim_params(name, "rw", request, request.kind, info)
             params["now"] = now
             rows = yield Query(self.d.claim_at if writing else self.d.share_at, params)
+            if not rows:  # pragma: no cover - every writer of the record is serialised
+                return AcquireResult(False, holder_ttl=0.001)
             if waiter is not None:
                 yield Query(self._queue_leave, {**queue, "waiter": waiter})
             return AcquireResult(True, int(rows[0][0]))
