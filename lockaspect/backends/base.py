@@ -386,7 +386,9 @@ def checked_request(request: AcquireRequest, namespace: str, store: str) -> Acqu
         permits = request.permits
         if isinstance(permits, bool) or not isinstance(permits, int) or permits < 0:
             raise ConfigurationError(f"a semaphore request needs its number of permits, got {permits!r}", key=keys[0])
-    return request._replace(keys=tuple(namespace + key for key in keys))
+    named = (namespace + keys[0],) if len(keys) == 1 else tuple(namespace + key for key in keys)
+    token, waiter, front, below, permits = request.token, request.waiter, request.front, request.below, request.permits
+    return AcquireRequest(kind, named, token, lease, waiter, front, below, permits)
 
 
 _QUERY_PASSWORD = re.compile(r"([?&]password=)[^&#]*", re.IGNORECASE)

@@ -123,9 +123,9 @@ class TestCheckRedisOptions:
             ("redis://127.0.0.1:6379/0?socket_timeout=soon", "socket_timeout"),
             ("redis://127.0.0.1:6379/0?db=x", "'db'"),
             ("redis://[::1/0", "IPv6"),
-            ("http://127.0.0.1:6379", "redis://, rediss://, unix://"),
-            ("REDIS://127.0.0.1", "redis://, rediss://, unix://"),
-            ("", "redis://, rediss://, unix://"),
+            ("http://127.0.0.1:6379", r"redis://, rediss://, .*unix://"),
+            ("REDIS://127.0.0.1", r"redis://, rediss://, .*unix://"),
+            ("", r"redis://, rediss://, .*unix://"),
         ],
     )
     def test_malformed_url(self, url: str, problem: str) -> None:

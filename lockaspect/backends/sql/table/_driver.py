@@ -53,17 +53,21 @@ class Pool(Generic[_C]):
         self.closed = False
 
     def take(self) -> _C:
-        with self._lock:
-            if self._idle:
-                return self._idle.pop()
-        return self._connect()
+        try:
+            return self._idle.pop()  # atomic: no lock on the hot path
+        except IndexError:
+            return self._connect()
 
     def give(self, conn: _C) -> None:
-        with self._lock:
-            if not self.closed and len(self._idle) < self._keep:
-                self._idle.append(conn)
-                return
+        if not self.closed and len(self._idle) < self._keep:  # racing gives may keep one or two more
+            self._idle.append(conn)
+            self._close_if_closed()  # close() may have run meanwhile and missed it
+            return
         self.discard(conn)
+
+    def _close_if_closed(self) -> None:
+        if self.closed:
+            self.close()
 
     def discard(self, conn: _C) -> None:
         try:
@@ -111,6 +115,33 @@ class SyncDriver(_DriverBase):
         super().__init__(backend)
         self.pool = pool
 
+    def rows(self, query: Query, key: str | None, action: str) -> list[Any]:
+        """The rows of one statement in autocommit (errors as :meth:`run` raises them)."""
+        pool = self.pool
+        conn = None
+        try:
+            conn = pool.take()
+            cursor = conn.execute(query.sql, query.params)
+            rows = list(cursor.fetchall()) if cursor.description is not None else []
+        except BaseException as exc:
+            self._failed(exc, conn)
+            failure = self.error(exc, key, action)
+            if failure is exc:
+                raise
+            raise failure from exc
+        pool.give(conn)
+        return rows
+
+    def _failed(self, exc: BaseException, conn: Any) -> None:
+        """Give back or drop ``conn`` after ``exc``: a driver error on a healthy connection
+        keeps it; anything else (an interrupt mid-statement) leaves its state unknown."""
+        if conn is None:
+            return
+        if self.backend.transient(exc) is not None and not self.backend.broken(exc):
+            self.pool.give(conn)
+        else:
+            self.pool.discard(conn)
+
     def run(self, op: Op[_T], key: str | None, action: str) -> _T:
         """The result of ``op``; driver errors raised as :class:`BackendError` carrying ``key``."""
         try:
@@ -124,12 +155,7 @@ class SyncDriver(_DriverBase):
         try:
             result = self._drive(conn, op)
         except BaseException as exc:
-            # a driver error on a healthy connection keeps it; anything else (an interrupt
-            # mid-statement) leaves its state unknown
-            if self.backend.transient(exc) is not None and not self.backend.broken(exc):
-                self.pool.give(conn)
-            else:
-                self.pool.discard(conn)
+            self._failed(exc, conn)
             failure = self.error(exc, key, action)
             if failure is exc:
                 raise
@@ -180,6 +206,14 @@ class AsyncDriver(_DriverBase):
         self._keep = keep
         self._idle: list[Any] = []
         self.closed = False
+
+    async def rows(self, query: Query, key: str | None, action: str) -> list[Any]:
+        """The rows of one statement in autocommit."""
+
+        def one() -> Op[list[Any]]:
+            return (yield query)  # type: ignore[no-any-return]
+
+        return await self.run(one(), key, action)
 
     async def run(self, op: Op[_T], key: str | None, action: str) -> _T:
         try:

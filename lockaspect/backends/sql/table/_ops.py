@@ -153,16 +153,35 @@ class TableOps:
             "info": info,
         }
 
+    # The mutex's acquire and every release, re-entry and renewal are single statements: the
+    # stores run them directly (no generator on the hot path) through these pieces.
+
+    def claim(self, name: str, token: str, lease: float, info: str | None) -> Query:
+        """The mutex's claim of ``name`` (answer with :meth:`claimed`)."""
+        params = {"name": name, "space": "lock", "owner": token, "kind": "lock", "lease": lease, "info": info}
+        return Query(self.d.claim, params)
+
+    @staticmethod
+    def claimed(rows: list[Any]) -> AcquireResult | None:
+        """The claim's answer: acquired, or ``None``: busy (ask :meth:`holder_of` for the hint)."""
+        return AcquireResult(True, int(rows[0][0])) if rows else None
+
+    def holder_of(self, name: str) -> Query:
+        return Query(self.d.holder, {"name": name, "space": "lock"})
+
+    @staticmethod
+    def busy(rows: list[Any]) -> AcquireResult:
+        """A busy mutex, with the holder's remaining lease as the retry hint (gone meanwhile:
+        retry at once)."""
+        return AcquireResult(False, holder_ttl=_hint(rows[0][1]) if rows else 0.001)
+
     def _lock(self, request: AcquireRequest, info: str | None) -> Op[AcquireResult]:
         """One statement: the claim; a busy key costs a second one for the retry hint."""
-        name = request.key
-        rows = yield Query(self.d.claim, self._claim_params(name, "lock", request, "lock", info))
-        if rows:
-            return AcquireResult(True, int(rows[0][0]))
-        rows = yield Query(self.d.holder, {"name": name, "space": "lock"})
-        if rows and rows[0][0] == request.token:  # raced by our own expiry: retry at once
-            return AcquireResult(False, holder_ttl=0.001)
-        return AcquireResult(False, holder_ttl=_hint(rows[0][1]) if rows else 0.001)
+        rows = yield self.claim(request.key, request.token, request.lease, info)
+        result = self.claimed(rows)
+        if result is None:
+            result = self.busy((yield self.holder_of(request.key)))
+        return result
 
     def _multi(self, request: AcquireRequest, info: str | None) -> Op[AcquireResult]:
         """Every key claimed in one transaction (keys sorted: no deadlock), or none."""
@@ -291,17 +310,20 @@ class TableOps:
 
     # -- release, re-entry, renewal, queues -----------------------------------------------
 
-    def release(self, name: str, token: str, kind: str) -> Op[ReleaseResult]:
-        """One statement: the hold's row deleted if ``token`` has it (an expired one is
-        deleted too, and answered ``NOT_OWNER``)."""
+    def release(self, name: str, token: str, kind: str) -> Query:
+        """The release of ``token``'s hold: its row deleted if ``token`` has it (an expired
+        one is deleted too, and answered ``NOT_OWNER``; see :meth:`released`)."""
         space, slot = place(kind, token)
-        rows = yield Query(self.d.release, {"name": name, "space": space, "slot": slot, "owner": token})
+        return Query(self.d.release, {"name": name, "space": space, "slot": slot, "owner": token})
+
+    @staticmethod
+    def released(rows: list[Any]) -> ReleaseResult:
         return ReleaseResult.RELEASED if rows and rows[0][0] else ReleaseResult.NOT_OWNER
 
-    def reenter(self, name: str, token: str, kind: str) -> Op[bool]:
+    def reenter(self, name: str, token: str, kind: str) -> Query:
+        """Whether ``token`` still holds ``name``: any row is yes."""
         space, slot = place(kind, token)
-        rows = yield Query(self.d.held, {"name": name, "space": space, "slot": slot, "owner": token})
-        return bool(rows)
+        return Query(self.d.held, {"name": name, "space": space, "slot": slot, "owner": token})
 
     def renew(self, items: Sequence[RenewItem]) -> Op[list[RenewStatus]]:
         """Every lease still held by its token extended from the database's now, in one

@@ -158,12 +158,17 @@ class TableStore(_TableBase):
         """Try once to take ``request.keys`` (see :meth:`Store.acquire`). An attempt that
         fails midway (an error, an interrupt) deletes whatever it may have taken."""
         checked = self._check(request)
+        key = request.keys[0]
         try:
-            result = self._run(self._ops.acquire(checked, self._info()), request.keys[0], "acquire")
+            if checked.kind == "lock" and len(checked.keys) == 1:  # the hot path: one statement
+                ops, rows = self._ops, self._driver.rows
+                name = checked.keys[0]
+                result = ops.claimed(rows(ops.claim(name, checked.token, checked.lease, self._info()), key, "acquire"))
+                return result or ops.busy(rows(ops.holder_of(name), key, "acquire"))
+            return self._answer(self._run(self._ops.acquire(checked, self._info()), key, "acquire"))
         except BaseException:
             self._undo_quietly(checked)
             raise
-        return self._answer(result)
 
     def _undo_quietly(self, checked: AcquireRequest) -> None:
         try:
@@ -175,14 +180,14 @@ class TableStore(_TableBase):
         """``RELEASED`` (waking this process's waiters of ``key``), or ``NOT_OWNER``."""
         self._check_kind(kind, key)
         name = self.namespace + key
-        released = self._run(self._ops.release(name, token, kind), key, "release")
+        released = self._ops.released(self._driver.rows(self._ops.release(name, token, kind), key, "release"))
         if released is ReleaseResult.RELEASED:
             self._hub.wake(name)
         return released
 
     def reenter(self, key: str, token: str, kind: str = "lock") -> bool:
         self._check_kind(kind, key)
-        return self._run(self._ops.reenter(self.namespace + key, token, kind), key, "re-enter")
+        return bool(self._driver.rows(self._ops.reenter(self.namespace + key, token, kind), key, "re-enter"))
 
     def renew(self, leases: Sequence[RenewItem]) -> Sequence[RenewStatus]:
         """Every lease still held by its token extended by its lease from the database's
@@ -363,8 +368,15 @@ class AsyncTableStore(_TableBase):
 
     async def acquire(self, request: AcquireRequest) -> AcquireResult:
         checked = self._check(request)
+        key = request.keys[0]
         try:
-            result = await self._driver.run(self._ops.acquire(checked, self._info()), request.keys[0], "acquire")
+            if checked.kind == "lock" and len(checked.keys) == 1:  # the hot path: one statement
+                ops, rows = self._ops, self._driver.rows
+                name = checked.keys[0]
+                claim = ops.claim(name, checked.token, checked.lease, self._info())
+                claimed = ops.claimed(await rows(claim, key, "acquire"))
+                return claimed or ops.busy(await rows(ops.holder_of(name), key, "acquire"))
+            result = await self._driver.run(self._ops.acquire(checked, self._info()), key, "acquire")
         except BaseException:
             task = asyncio.get_running_loop().create_task(self._undo_quietly(checked))
             self._undoing.add(task)
@@ -381,14 +393,14 @@ class AsyncTableStore(_TableBase):
     async def release(self, key: str, token: str, kind: str = "lock") -> ReleaseResult:
         self._check_kind(kind, key)
         name = self.namespace + key
-        released = await self._driver.run(self._ops.release(name, token, kind), key, "release")
+        released = self._ops.released(await self._driver.rows(self._ops.release(name, token, kind), key, "release"))
         if released is ReleaseResult.RELEASED:
             self._hub.wake(name)
         return released
 
     async def reenter(self, key: str, token: str, kind: str = "lock") -> bool:
         self._check_kind(kind, key)
-        return await self._driver.run(self._ops.reenter(self.namespace + key, token, kind), key, "re-enter")
+        return bool(await self._driver.rows(self._ops.reenter(self.namespace + key, token, kind), key, "re-enter"))
 
     async def renew(self, leases: Sequence[RenewItem]) -> Sequence[RenewStatus]:
         if not leases:
