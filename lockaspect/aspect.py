@@ -19,7 +19,7 @@ from typing import Any, TypeVar, cast
 
 import wrapt
 
-from . import config, options
+from . import _scope, config, options
 from .blocks import arun_multi, run_multi
 from .client import LockClient
 from .errors import ConfigurationError, KeyTemplateError, LockNotAcquired
@@ -64,6 +64,8 @@ class _Resolved:
     #: A multi-key lock: its key templates, or a function of the bound arguments returning the keys.
     templates: tuple[KeyTemplate, ...] = ()
     keys_fn: Callable[[Mapping[str, Any]], Any] | None = None
+    #: scope="transaction": how a call finds its connection (lockaspect.backends.sql.xact).
+    xact: Any = None
 
     @property
     def multi(self) -> bool:
@@ -129,8 +131,11 @@ class _LockAspect:
             options.check_margin(spec, None, None)
         else:
             options.check_margin(spec, client.watchdog_lease, client.tick)
+        xact = None
+        if checked.get("scope") == "transaction":
+            xact = _scope.transaction_scope().plan(checked["connection"], self._names)
         resolved = _Resolved(
-            spec, template, cast(Any, key_fn), executor, executor_set, on_failure, generation, multi, keys_fn
+            spec, template, cast(Any, key_fn), executor, executor_set, on_failure, generation, multi, keys_fn, xact
         )
         self._resolved = resolved
         return resolved
@@ -212,6 +217,9 @@ class _LockAspect:
     ) -> Any:
         resolved, key, names = self.prepare(instance, args, kwargs)
         client = self.client or config.default_client()
+        if resolved.xact is not None:
+            failure = self.failure(resolved, key, names)
+            return resolved.xact.run(client, key, resolved.spec, names, (wrapped, args, kwargs), failure)
         if resolved.multi:
             return run_multi(
                 client._engine, key, resolved.spec, wrapped, args, kwargs, self.failure(resolved, None, names)
@@ -226,6 +234,9 @@ class _LockAspect:
     ) -> Any:
         resolved, key, names = self.prepare(instance, args, kwargs)
         client = self.client or config.default_client()
+        if resolved.xact is not None:
+            failure = self.failure(resolved, key, names)
+            return await resolved.xact.arun(client, key, resolved.spec, names, (wrapped, args, kwargs), failure)
         if resolved.multi:
             failure = self.failure(resolved, None, names)
             return await arun_multi(client._engine, key, resolved.spec, wrapped, args, kwargs, failure)
@@ -250,6 +261,8 @@ def distributed_lock(
     fair: bool = _UNSET,
     mode: str | None = _UNSET,
     keys: list[str] | tuple[str, ...] | Callable[[Mapping[str, Any]], Any] | None = None,
+    scope: str = _UNSET,
+    connection: Any = None,
 ) -> Callable[[F], F]:
     """Run the decorated function under a distributed lock named by ``key``.
 
@@ -299,6 +312,12 @@ def distributed_lock(
             bound arguments and returns a list of keys (for a set that depends on the call,
             e.g. ``lambda a: [f"sku:{s}" for s in a["skus"]]``). The body runs inline;
             ``on_failure`` gets the busy key.
+        scope: ``"session"`` (default): the client's store holds the lock. ``"transaction"``:
+            a PostgreSQL advisory lock taken in ``connection``'s open transaction and held
+            until it commits or rolls back (no lease, no watchdog; docs/stores/sql.md).
+        connection: With ``scope="transaction"``: the connection (psycopg 3, SQLAlchemy
+            ``Session``/``Connection``, Django), the name of the parameter that holds it
+            (``connection="session"``), or a callable taking the bound arguments.
 
     Raises:
         KeyTemplateError: At decoration, for a malformed template or a name the function
@@ -334,6 +353,8 @@ def distributed_lock(
         fair=fair,
         mode=mode,
         keys=keys,
+        scope=scope,
+        connection=connection,
     )
 
 
