@@ -41,20 +41,20 @@ Row = tuple[Any, ...]
 
 _TRY: Final = """\
 SELECT f.seq IS NOT NULL,
-       CASE WHEN f.seq IS NULL THEN NULL WHEN {function}(%(key)s::bigint) THEN nextval(f.seq) END
+       CASE WHEN f.seq IS NULL THEN NULL WHEN {function}(CAST(%(key)s AS bigint)) THEN nextval(f.seq) END
   FROM (SELECT to_regclass('{sequence}') AS seq OFFSET 0) AS f"""
 
 _WAIT: Final = """\
 SELECT g.seq IS NOT NULL, CASE WHEN g.seq IS NOT NULL THEN nextval(g.seq) END,
        set_config('lock_timeout', g.old, true)
-  FROM (SELECT t.seq, t.old, CASE WHEN t.seq IS NOT NULL THEN {function}(%(key)s::bigint)::text END AS granted
+  FROM (SELECT t.seq, t.old, CASE WHEN t.seq IS NOT NULL THEN {function}(CAST(%(key)s AS bigint))::text END AS granted
           FROM (SELECT o.seq, o.old, set_config('lock_timeout', %(timeout)s, true) AS changed
                   FROM (SELECT to_regclass('{sequence}') AS seq, current_setting('lock_timeout') AS old
                         OFFSET 0) AS o
                 OFFSET 0) AS t
         OFFSET 0) AS g"""
 
-_REENTER: Final = "SELECT {function}(%(key)s::bigint)"
+_REENTER: Final = "SELECT {function}(CAST(%(key)s AS bigint))"
 
 SAVEPOINT: Final = "SAVEPOINT lockaspect_wait"
 RELEASE: Final = "RELEASE SAVEPOINT lockaspect_wait"
