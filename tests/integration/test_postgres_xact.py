@@ -34,6 +34,12 @@ from lockaspect.backends.sql._keys import advisory_key
 IDLE, INTRANS = TransactionStatus.IDLE, TransactionStatus.INTRANS
 
 
+def take(block: Any) -> None:
+    """Enter and leave ``block`` (a test expects entering to raise)."""
+    with block:
+        pass
+
+
 @pytest.fixture(scope="module")
 def pg(postgres_server: Any) -> Any:
     with psycopg.connect(postgres_server.url, autocommit=True) as admin:
@@ -83,18 +89,26 @@ class TestLifetime:
         with conn.transaction():
             with client.lock("order:1", scope="transaction", connection=conn) as lease:
                 assert not free("order:1")
-                assert lease.held and not lease.lost and lease.fencing_token > 0
+                assert lease.held
+                assert not lease.lost
+                assert lease.fencing_token > 0
                 assert current_lease() is lease
             assert not free("order:1")  # the block is over, the transaction is not
-            assert not lease.held and current_lease() is None
+            assert not lease.held
+            assert current_lease() is None
         assert free("order:1")
 
     def test_rollback_releases(self, connect: Any, client: LockClient, free: Any) -> None:
         conn = connect()
-        with pytest.raises(ZeroDivisionError), conn.transaction():
-            with client.lock("order:2", scope="transaction", connection=conn):
-                assert not free("order:2")
-            1 / 0  # noqa: B018
+
+        def fail_after_locking() -> None:
+            with conn.transaction():
+                with client.lock("order:2", scope="transaction", connection=conn):
+                    assert not free("order:2")
+                raise ZeroDivisionError
+
+        with pytest.raises(ZeroDivisionError):
+            fail_after_locking()
         assert conn.info.transaction_status == IDLE
         assert free("order:2")
 
@@ -115,12 +129,15 @@ class TestLifetime:
     def test_a_commit_inside_the_block_raises_lock_lost(self, connect: Any, client: LockClient, free: Any) -> None:
         conn = connect()
         conn.execute("SELECT 1")
-        with pytest.raises(LockLost) as caught, client.lock("order:4", scope="transaction", connection=conn) as lease:
-            conn.commit()
-            assert free("order:4")
-            assert lease.lost
-            with pytest.raises(LockLost):
-                lease.check()
+        block = client.lock("order:4", scope="transaction", connection=conn)
+        lease = block.__enter__()
+        conn.commit()
+        assert free("order:4")
+        assert lease.lost
+        with pytest.raises(LockLost):
+            lease.check()
+        with pytest.raises(LockLost) as caught:
+            block.__exit__(None, None, None)
         assert caught.value.reason == "transaction-ended"
 
     def test_reentry_stacks_and_keeps_the_fence(self, connect: Any, client: LockClient, free: Any) -> None:
@@ -137,27 +154,25 @@ class TestLifetime:
 class TestWaiting:
     def test_busy_with_wait_0_leaves_the_transaction_usable(self, connect: Any, client: LockClient) -> None:
         holder, other = connect(), connect()
-        with holder.transaction(), client.lock("k", scope="transaction", connection=holder):
-            with other.transaction():
-                with pytest.raises(LockNotAcquired) as caught:
-                    with client.lock("k", scope="transaction", connection=other):
-                        pytest.fail("entered a held lock")
-                assert caught.value.waited == 0.0 and caught.value.key == "k"
-                assert other.execute("SELECT 41 + 1").fetchone() == (42,)
-                assert other.info.transaction_status == INTRANS
+        with holder.transaction(), client.lock("k", scope="transaction", connection=holder), other.transaction():
+            with pytest.raises(LockNotAcquired) as caught:
+                take(client.lock("k", scope="transaction", connection=other))
+            assert caught.value.waited == 0.0
+            assert caught.value.key == "k"
+            assert other.execute("SELECT 41 + 1").fetchone() == (42,)
+            assert other.info.transaction_status == INTRANS
 
     def test_a_wait_times_out_fast_and_restores_lock_timeout(self, connect: Any, client: LockClient) -> None:
         holder, other = connect(), connect()
-        with holder.transaction(), client.lock("k", scope="transaction", connection=holder):
-            with other.transaction():
-                other.execute("SET LOCAL lock_timeout = '7s'")
-                started = time.monotonic()
-                with pytest.raises(LockNotAcquired) as caught:
-                    with client.lock("k", scope="transaction", connection=other, wait=0.2):
-                        pytest.fail("entered a held lock")
-                elapsed = time.monotonic() - started
-                assert 0.19 < elapsed < 2 and 0.19 < caught.value.waited < 2
-                assert other.execute("SELECT current_setting('lock_timeout')").fetchone() == ("7s",)
+        with holder.transaction(), client.lock("k", scope="transaction", connection=holder), other.transaction():
+            other.execute("SET LOCAL lock_timeout = '7s'")
+            started = time.monotonic()
+            with pytest.raises(LockNotAcquired) as caught:
+                take(client.lock("k", scope="transaction", connection=other, wait=0.2))
+            elapsed = time.monotonic() - started
+            assert 0.19 < elapsed < 2
+            assert 0.19 < caught.value.waited < 2
+            assert other.execute("SELECT current_setting('lock_timeout')").fetchone() == ("7s",)
         with other.transaction():
             other.execute("SET LOCAL lock_timeout = '7s'")
             with client.lock("k", scope="transaction", connection=other, wait=0.2):
@@ -178,8 +193,7 @@ class TestWaiting:
         for wait in (0, 1.0):
             with conn.transaction():
                 with pytest.raises(ConfigurationError, match="CREATE SEQUENCE IF NOT EXISTS lockaspect_fence"):
-                    with client.lock("k", scope="transaction", connection=conn, wait=wait):
-                        pytest.fail("locked without a fence")
+                    take(client.lock("k", scope="transaction", connection=conn, wait=wait))
                 assert conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'").fetchone() == (0,)
                 assert conn.execute("SELECT current_setting('lock_timeout')").fetchone() == ("0",)
 
@@ -189,7 +203,9 @@ class TestFence:
         """The ``UPDATE ... SET fence = :token WHERE fence < :token`` pattern in one table."""
         setup = connect(autocommit=True)
         table = f"accounts_{uuid.uuid4().hex[:8]}"
-        setup.execute(f"CREATE TABLE {table} (id text PRIMARY KEY, balance int NOT NULL, fence bigint NOT NULL DEFAULT 0)")
+        setup.execute(
+            f"CREATE TABLE {table} (id text PRIMARY KEY, balance int NOT NULL, fence bigint NOT NULL DEFAULT 0)"
+        )
         setup.execute(f"INSERT INTO {table} (id, balance) VALUES ('a', 0)")
         update = f"UPDATE {table} SET balance = %(balance)s, fence = %(token)s WHERE id = 'a' AND fence < %(token)s"
 
@@ -211,8 +227,7 @@ class TestRefusals:
     def test_outside_a_transaction(self, connect: Any, client: LockClient) -> None:
         for conn in (connect(autocommit=True), connect()):
             with pytest.raises(ConfigurationError, match=r"no transaction is open.*conn\.transaction\(\)") as caught:
-                with client.lock("k", scope="transaction", connection=conn):
-                    pytest.fail("locked outside a transaction")
+                take(client.lock("k", scope="transaction", connection=conn))
             assert caught.value.key == "k"
             assert conn.info.transaction_status == IDLE  # nothing was sent
 
@@ -229,10 +244,10 @@ class TestRefusals:
         db.execute("CREATE TABLE t (x)")
         db.execute("INSERT INTO t VALUES (1)")  # an open transaction
         before = db.total_changes
-        with pytest.raises(ConfigurationError, match="sqlite3 connection.*PostgreSQL"):
-            with client.lock("k", scope="transaction", connection=db):
-                pytest.fail("locked on sqlite")
-        assert db.total_changes == before and db.in_transaction
+        with pytest.raises(ConfigurationError, match=r"sqlite3 connection.*PostgreSQL"):
+            take(client.lock("k", scope="transaction", connection=db))
+        assert db.total_changes == before
+        assert db.in_transaction
         db.close()
 
     @pytest.mark.parametrize(
@@ -287,14 +302,16 @@ class TestDecorator:
         @distributed_lock("order:<order_id>", scope="transaction", connection="conn", client=client)
         def ship(conn: psycopg.Connection[Any], order_id: int) -> int:
             lease = current_lease()
-            assert lease is not None and not free(f"order:{order_id}")
+            assert lease is not None
+            assert not free(f"order:{order_id}")
             return lease.fencing_token
 
         conn = connect()
         with conn.transaction():
             token = ship(conn, 7)
             assert not free("order:7")
-        assert free("order:7") and token > 0
+        assert free("order:7")
+        assert token > 0
 
     def test_a_callable_connection_and_on_failure(self, connect: Any, client: LockClient) -> None:
         holder, conn = connect(), connect()
@@ -325,7 +342,8 @@ class TestDecorator:
 
         a, b, c = connect(), connect(), connect()
         with a.transaction(), b.transaction():
-            assert read(a) == "read" and read(b) == "read"
+            assert read(a) == "read"
+            assert read(b) == "read"
             with c.transaction(), pytest.raises(LockNotAcquired):
                 write(c)
         with c.transaction():
@@ -369,33 +387,34 @@ class TestSQLAlchemy:
                 client.lock("k", scope="transaction", connection=session).__enter__()
             with session.begin():
                 with client.lock("k", scope="transaction", connection=session, wait=1.0) as lease:
-                    assert not free("k") and lease.fencing_token > 0
+                    assert not free("k")
+                    assert lease.fencing_token > 0
                     assert session.execute(text("SELECT 1")).scalar() == 1
                 assert not free("k")
             assert free("k")
-            with pytest.raises(LockLost), session.begin():
-                with client.lock("k", scope="transaction", connection=session):
-                    session.commit()
+            with session.begin():
+                block = client.lock("k", scope="transaction", connection=session)
+                block.__enter__()
+                session.commit()
+                with pytest.raises(LockLost):
+                    block.__exit__(None, None, None)
 
     def test_connection_and_autocommit(self, engine: Any, client: LockClient, free: Any) -> None:
         with engine.connect() as conn:
-            with conn.begin():
-                with client.lock("k", scope="transaction", connection=conn):
-                    assert not free("k")
+            with conn.begin(), client.lock("k", scope="transaction", connection=conn):
+                assert not free("k")
             assert free("k")
             auto = conn.execution_options(isolation_level="AUTOCOMMIT")
-            with auto.begin():
-                with pytest.raises(ConfigurationError, match="autocommit"):
-                    client.lock("k", scope="transaction", connection=auto).__enter__()
+            with auto.begin(), pytest.raises(ConfigurationError, match="autocommit"):
+                client.lock("k", scope="transaction", connection=auto).__enter__()
 
     def test_a_sqlite_session_is_refused(self, client: LockClient) -> None:
         sqlalchemy = pytest.importorskip("sqlalchemy")
         from sqlalchemy.orm import Session
 
         engine = sqlalchemy.create_engine("sqlite://")
-        with Session(engine) as session, session.begin():
-            with pytest.raises(ConfigurationError, match="Session on sqlite"):
-                client.lock("k", scope="transaction", connection=session)
+        with Session(engine) as session, session.begin(), pytest.raises(ConfigurationError, match="Session on sqlite"):
+            client.lock("k", scope="transaction", connection=session)
         engine.dispose()
 
     def test_async_session(self, pg: Any, client: LockClient, free: Any) -> None:
@@ -405,9 +424,9 @@ class TestSQLAlchemy:
         async def main() -> None:
             engine = create_async_engine(pg.url.replace("postgresql://", "postgresql+psycopg://"))
             async with AsyncSession(engine) as session:
-                async with session.begin():
-                    async with client.lock("k", scope="transaction", connection=session) as lease:
-                        assert not free("k") and lease.fencing_token > 0
+                async with session.begin(), client.lock("k", scope="transaction", connection=session) as lease:
+                    assert not free("k")
+                    assert lease.fencing_token > 0
                 assert free("k")
             await engine.dispose()
 
@@ -448,7 +467,8 @@ class TestDjango:
             client.lock("k", scope="transaction", connection=connection).__enter__()
         with transaction.atomic():
             with client.lock("k", scope="transaction", connection=connection, wait=1.0) as lease:
-                assert not free("k") and lease.fencing_token > 0
+                assert not free("k")
+                assert lease.fencing_token > 0
             assert not free("k")
         assert free("k")
 
@@ -456,6 +476,5 @@ class TestDjango:
         from django.db import transaction
 
         lite = django_db["lite"]
-        with transaction.atomic(using="lite"):
-            with pytest.raises(ConfigurationError, match="Django sqlite connection"):
-                client.lock("k", scope="transaction", connection=lite)
+        with transaction.atomic(using="lite"), pytest.raises(ConfigurationError, match="Django sqlite connection"):
+            client.lock("k", scope="transaction", connection=lite)
