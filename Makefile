@@ -14,15 +14,17 @@ $(VENV)/.installed-demo: pyproject.toml | $(BIN)/python
 
 $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[test,demo]'
+	$(BIN)/python .ci/ensure_postgres.py
 	@touch $@
 
 ## demo: create .venv, install, run the flash-sale demo on an embedded server
 demo: $(VENV)/.installed-demo
 	$(BIN)/lockaspect demo
 
-## test: install the test dependencies, lint, type-check, run the whole suite
+## test: install the test dependencies (PostgreSQL too), lint, type-check, run the whole suite
+# LOCKASPECT_REQUIRE_POSTGRES: a missing PostgreSQL fails the PostgreSQL tests instead of skipping them.
 test: $(VENV)/.installed-test lint typecheck
-	$(BIN)/python -m pytest
+	LOCKASPECT_REQUIRE_POSTGRES=1 $(BIN)/python -m pytest
 
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check lockaspect tests examples bench

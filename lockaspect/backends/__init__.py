@@ -52,6 +52,9 @@ _BUILT_IN = {
     "rediss": "lockaspect.backends.redis.options:open_redis_store",
     "unix": "lockaspect.backends.redis.options:open_redis_store",
     "memory": "lockaspect.backends.memory:open_memory_store",
+    "sqlite": "lockaspect.backends.sql.table:open_sqlite_store",
+    "postgresql+table": "lockaspect.backends.sql.table:open_table_store",
+    "postgres+table": "lockaspect.backends.sql.table:open_table_store",
 }
 
 

@@ -19,11 +19,14 @@ only through :class:`Store` / :class:`AsyncStore`, the operator tools through
 from __future__ import annotations
 
 import enum
+import math
 import os
 import re
 import threading
 from collections.abc import Iterator, Sequence
 from typing import NamedTuple, Protocol, runtime_checkable
+
+from ..errors import ConfigurationError
 
 __all__ = [
     "KINDS",
@@ -41,6 +44,7 @@ __all__ = [
     "RenewStatus",
     "Store",
     "Subscription",
+    "checked_request",
     "new_waiter_id",
     "redacted",
 ]
@@ -67,6 +71,10 @@ class Capability(enum.Flag):
     BATCH_RENEW = enum.auto()
     #: A release publishes a message that waiters can block on (see :meth:`Store.notifier`).
     RELEASE_NOTIFY = enum.auto()
+    #: A release wakes the waiters of the same process only (the SQL lease table): the store
+    #: has a notifier, but its subscriptions never report ``active``, so waiters keep polling
+    #: for releases made elsewhere and are woken early by this process's own.
+    LOCAL_NOTIFY = enum.auto()
     #: Every acquisition gets a strictly increasing fencing token per key.
     FENCING = enum.auto()
     #: A ``"lock"`` request may name several keys: all taken at once, or none.
@@ -357,6 +365,28 @@ def new_waiter_id(listens: bool) -> str:
     messages, ``"p"`` for one that polls (a fair release hands a free lock to a polling first
     waiter without waiting for its wake-up), then 64 random bits."""
     return ("n" if listens else "p") + os.urandom(8).hex()
+
+
+def checked_request(request: AcquireRequest, namespace: str, store: str) -> AcquireRequest:
+    """``request`` with its keys prefixed by ``namespace``, or :class:`ConfigurationError` for
+    what no store can serve (an unknown kind, no keys, several keys of a kind other than
+    ``"lock"``, a lease that is not a positive number, a semaphore without its permits).
+    ``store`` names the store in the messages."""
+    kind, keys = request.kind, request.keys
+    if kind not in KINDS:
+        raise ConfigurationError(f"{store} serves {', '.join(sorted(KINDS))}, not {kind!r}")
+    if not keys or not all(isinstance(key, str) for key in keys):
+        raise ConfigurationError(f"an acquire request needs one or more str keys, got {keys!r}")
+    if len(keys) > 1 and kind != "lock":
+        raise ConfigurationError(f"only a 'lock' request may name several keys, not {kind!r}", key=keys[0])
+    lease = request.lease
+    if isinstance(lease, bool) or not isinstance(lease, (int, float)) or not (0 < lease < math.inf):
+        raise ConfigurationError(f"the lease must be a positive number of seconds, got {lease!r}", key=keys[0])
+    if kind == "semaphore":
+        permits = request.permits
+        if isinstance(permits, bool) or not isinstance(permits, int) or permits < 0:
+            raise ConfigurationError(f"a semaphore request needs its number of permits, got {permits!r}", key=keys[0])
+    return request._replace(keys=tuple(namespace + key for key in keys))
 
 
 _QUERY_PASSWORD = re.compile(r"([?&]password=)[^&#]*", re.IGNORECASE)

@@ -75,7 +75,9 @@ class Engine:
         self.wait_replicas = wait_replicas
         self.clock = clock
         self.emit = emit
-        self.notify = bool(store.capabilities & Capability.RELEASE_NOTIFY)
+        # hears: release messages include other processes' (LOCAL_NOTIFY: waiters poll too)
+        self.notify = bool(store.capabilities & (Capability.RELEASE_NOTIFY | Capability.LOCAL_NOTIFY))
+        self.hears = bool(store.capabilities & Capability.RELEASE_NOTIFY)
         self.closed = False
         self.timer = HashedWheelTimer(tick, clock=clock)
         self.orphans: deque[HoldRef] = deque()
@@ -163,7 +165,7 @@ class Engine:
         if spec.kind.own_place:
             if spec.wait == 0:
                 return None
-            waiter: str = self.store.waiter_id(self.notify and spec.wait_strategy == "notify")
+            waiter: str = self.store.waiter_id(self.hears and spec.wait_strategy == "notify")
             return waiter
         return None if notifier is None else notifier.waiter_id
 
@@ -240,7 +242,7 @@ class Engine:
             queued=queued,
             notify=self.listens(spec),
             own_id=own_id,
-            listens=own_id is not None and self.listens(spec),
+            listens=own_id is not None and self.hears and self.listens(spec),
             below=below,
             failure=failure,
             multi=multi,

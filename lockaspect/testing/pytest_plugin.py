@@ -5,16 +5,23 @@
 
 ``lock_client``: a :class:`~lockaspect.LockClient` on it, with a namespace of its own per
 test so tests never see each other's locks; closed after the test.
+
+``postgres_server``: a real PostgreSQL for the whole session (see
+:class:`lockaspect.testing.PostgresServer`), on the binaries of ``postgres_bindir``. Both
+skip the test when no PostgreSQL binaries are found, unless the environment sets
+``LOCKASPECT_REQUIRE_POSTGRES`` (then they fail it).
 """
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 
 import pytest
 
 from ..client import LockClient
+from .postgres import PostgresServer, find_postgres_bindir
 from .server import LockServer
 
 
@@ -33,3 +40,25 @@ def lock_client(lock_server: LockServer) -> Iterator[LockClient]:
         yield client
     finally:
         client.close()
+
+
+@pytest.fixture(scope="session")
+def postgres_bindir() -> str:
+    """PostgreSQL's bin directory (:func:`~lockaspect.testing.find_postgres_bindir`).
+
+    Skips the test when none is found; fails it instead if ``LOCKASPECT_REQUIRE_POSTGRES`` is
+    set, or if ``LOCKASPECT_POSTGRES_BIN`` names a directory without the binaries.
+    """
+    try:
+        return find_postgres_bindir()
+    except FileNotFoundError as exc:
+        if os.environ.get("LOCKASPECT_REQUIRE_POSTGRES") or os.environ.get("LOCKASPECT_POSTGRES_BIN"):
+            pytest.fail(f"a PostgreSQL is required here but {exc}")
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="session")
+def postgres_server(postgres_bindir: str) -> Iterator[PostgresServer]:
+    """A throwaway PostgreSQL for the test session (skipped if none is installed)."""
+    with PostgresServer(postgres_bindir) as server:
+        yield server

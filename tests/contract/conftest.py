@@ -17,12 +17,13 @@ from typing import Any
 import pytest
 
 from lockaspect import Lease, LockClient, MultiLease
+from lockaspect.backends import open_store
 from lockaspect.backends.base import AdminStore, Capability, Store
 from lockaspect.backends.memory import MemoryStore
 from lockaspect.backends.redis import RedisBackend
-from lockaspect.testing import LockServer
+from lockaspect.testing import LockServer, PostgresServer
 
-STORES = ["memory", "redis"]
+STORES = ["memory", "redis", "sqlite", "postgres_table"]
 #: Kinds that let one holder in at a time.
 EXCLUSIVE = ["lock", "fair", "semaphore", "write", "multi"]
 ALL_KINDS = [*EXCLUSIVE, "read"]
@@ -44,6 +45,13 @@ def make_store(store_name: str, request: pytest.FixtureRequest) -> Iterator[Call
         store: Store
         if store_name == "memory":
             store = MemoryStore(name=f"contract-{tag}")
+        elif store_name == "sqlite":
+            path = request.getfixturevalue("tmp_path") / "locks.db"
+            store = open_store(f"sqlite:///{path}", namespace=f"c-{tag}:")
+        elif store_name == "postgres_table":
+            postgres: PostgresServer = request.getfixturevalue("postgres_server")
+            url = postgres.url.replace("postgresql://", "postgresql+table://", 1)
+            store = open_store(url, namespace=f"c-{tag}:")
         else:
             server: LockServer = request.getfixturevalue("lock_server")
             store = RedisBackend.from_url(server.url, namespace=f"c-{tag}:")

@@ -4,7 +4,6 @@ See the package's docstring for what the store is for."""
 
 from __future__ import annotations
 
-import math
 import os
 import threading
 import time
@@ -22,6 +21,7 @@ from ..base import (
     ReleaseResult,
     RenewItem,
     RenewStatus,
+    checked_request,
     new_waiter_id,
 )
 from ._kinds import MemoryState
@@ -118,20 +118,7 @@ class _MemoryBase:
 
     def _check(self, request: AcquireRequest) -> AcquireRequest:
         """``request`` with its keys namespaced, or :class:`ConfigurationError`."""
-        kind, keys = request.kind, request.keys
-        self._check_kind(kind)
-        if not keys or not all(isinstance(key, str) for key in keys):
-            raise ConfigurationError(f"an acquire request needs one or more str keys, got {keys!r}")
-        if len(keys) > 1 and kind != "lock":
-            raise ConfigurationError(f"only a 'lock' request may name several keys, not {kind!r}")
-        lease = request.lease
-        if isinstance(lease, bool) or not isinstance(lease, (int, float)) or not (0 < lease < math.inf):
-            raise ConfigurationError(f"the lease must be a positive number of seconds, got {lease!r}")
-        if kind == "semaphore":
-            permits = request.permits
-            if isinstance(permits, bool) or not isinstance(permits, int) or permits < 0:
-                raise ConfigurationError(f"a semaphore request needs its number of permits, got {permits!r}")
-        return request._replace(keys=tuple(self.namespace + key for key in keys))
+        return checked_request(request, self.namespace, "the memory store")
 
     def _check_kind(self, kind: str) -> None:
         if kind not in KINDS:

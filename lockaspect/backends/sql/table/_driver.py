@@ -1,0 +1,255 @@
+"""Running :mod:`._ops` generators on database connections: a pool of idle connections, the
+sync driver (any DB-API connection in autocommit: sqlite3, psycopg) and the async one
+(psycopg's ``AsyncConnection``). Both drive the same generators, so they share every
+decision; what differs per database comes in a :class:`Backend`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any, Generic, NamedTuple, TypeVar
+
+from ....errors import BackendError
+from ._ops import Begin, Op, Query, Rollback
+from ._sql import Dialect
+
+__all__ = ["AsyncDriver", "Backend", "Pool", "SyncDriver"]
+
+_T = TypeVar("_T")
+_C = TypeVar("_C")
+
+
+class Backend(NamedTuple):
+    """What a driver needs to know of one database.
+
+    Attributes:
+        dialect: Its statements.
+        label: How errors name it (a path or a redacted URL).
+        transient: For a driver exception: ``True`` when a retry may succeed (busy, a lost
+            connection), ``False`` when not, ``None`` when it is not the driver's.
+        broken: For a driver exception: the connection cannot be used again.
+        serialise: The statement (one ``:k`` parameter) that serialises writers of one key
+            inside a transaction, and the key's parameter, or ``None`` (SQLite: its write
+            transaction serialises every writer).
+    """
+
+    dialect: Dialect
+    label: str
+    transient: Callable[[BaseException], bool | None]
+    broken: Callable[[BaseException], bool]
+    serialise: tuple[str, Callable[[str], int]] | None = None
+
+
+class Pool(Generic[_C]):
+    """Idle connections, handed out one per operation; at most ``keep`` are kept idle."""
+
+    def __init__(self, connect: Callable[[], _C], close: Callable[[_C], None], keep: int = 8) -> None:
+        self._connect = connect
+        self._close = close
+        self._keep = keep
+        self._idle: list[_C] = []
+        self._lock = threading.Lock()
+        self.closed = False
+
+    def take(self) -> _C:
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+        return self._connect()
+
+    def give(self, conn: _C) -> None:
+        with self._lock:
+            if not self.closed and len(self._idle) < self._keep:
+                self._idle.append(conn)
+                return
+        self.discard(conn)
+
+    def discard(self, conn: _C) -> None:
+        try:
+            self._close(conn)
+        except Exception:  # noqa: BLE001 - a broken connection may fail to close; it is gone anyway
+            pass
+
+    def forget(self) -> None:
+        """In a forked child: the idle connections are the parent's; drop them unclosed (closing
+        would end the parent's sessions)."""
+        self._lock = threading.Lock()
+        self._idle = []
+
+    def close(self) -> None:
+        with self._lock:
+            self.closed = True
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            self.discard(conn)
+
+
+def _rows(cursor: Any) -> list[Any]:
+    return list(cursor.fetchall()) if cursor.description is not None else []
+
+
+class _DriverBase:
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self.dialect = backend.dialect
+        self._now = f"SELECT {backend.dialect.now}"
+
+    def error(self, exc: BaseException, key: str | None, action: str) -> BaseException:
+        """``exc`` as lockaspect reports it: a :class:`BackendError` for the driver's errors."""
+        transient = self.backend.transient(exc)
+        if transient is None:
+            return exc
+        return BackendError(f"{action} on {self.backend.label} failed: {exc}".rstrip(), key=key, transient=transient)
+
+
+class SyncDriver(_DriverBase):
+    """Runs operations on pooled connections (each in autocommit; a :class:`Begin` opens an
+    explicit transaction, committed when the operation returns)."""
+
+    def __init__(self, backend: Backend, pool: Pool[Any]) -> None:
+        super().__init__(backend)
+        self.pool = pool
+
+    def run(self, op: Op[_T], key: str | None, action: str) -> _T:
+        """The result of ``op``; driver errors raised as :class:`BackendError` carrying ``key``."""
+        try:
+            conn = self.pool.take()
+        except BaseException as exc:
+            op.close()
+            failure = self.error(exc, key, action)
+            if failure is exc:
+                raise
+            raise failure from exc
+        try:
+            result = self._drive(conn, op)
+        except BaseException as exc:
+            # a driver error on a healthy connection keeps it; anything else (an interrupt
+            # mid-statement) leaves its state unknown
+            if self.backend.transient(exc) is not None and not self.backend.broken(exc):
+                self.pool.give(conn)
+            else:
+                self.pool.discard(conn)
+            failure = self.error(exc, key, action)
+            if failure is exc:
+                raise
+            raise failure from exc
+        self.pool.give(conn)
+        return result
+
+    def _drive(self, conn: Any, op: Op[_T]) -> _T:
+        in_transaction = False
+        try:
+            step = next(op)
+            while True:
+                if type(step) is Query:
+                    sent: Any = _rows(conn.execute(step.sql, step.params))
+                else:
+                    assert isinstance(step, Begin)
+                    conn.execute(self.dialect.begin)
+                    in_transaction = True
+                    serialise = self.backend.serialise
+                    if serialise is not None:
+                        for name in sorted(step.names):
+                            conn.execute(serialise[0], {"k": serialise[1](name)})
+                    sent = float(conn.execute(self._now).fetchone()[0])
+                step = op.send(sent)
+        except StopIteration as stop:
+            if in_transaction:
+                conn.execute("COMMIT")
+            return stop.value  # type: ignore[no-any-return]
+        except Rollback as rollback:
+            conn.execute("ROLLBACK")
+            return rollback.result  # type: ignore[no-any-return]
+        except BaseException:
+            op.close()
+            if in_transaction:
+                try:
+                    conn.execute("ROLLBACK")
+                except Exception:  # noqa: BLE001 - the caller discards the connection
+                    pass
+            raise
+
+
+class AsyncDriver(_DriverBase):
+    """:class:`SyncDriver` for psycopg's ``AsyncConnection`` (one event loop)."""
+
+    def __init__(self, backend: Backend, connect: Callable[[], Awaitable[Any]], keep: int = 8) -> None:
+        super().__init__(backend)
+        self._connect = connect
+        self._keep = keep
+        self._idle: list[Any] = []
+        self.closed = False
+
+    async def run(self, op: Op[_T], key: str | None, action: str) -> _T:
+        try:
+            conn = self._idle.pop() if self._idle else await self._connect()
+        except BaseException as exc:
+            op.close()
+            failure = self.error(exc, key, action)
+            if failure is exc:
+                raise
+            raise failure from exc
+        try:
+            result = await self._drive(conn, op)
+        except BaseException as exc:
+            broken = self.backend.transient(exc) is None or self.backend.broken(exc)
+            await self._discard(conn) if broken else self._give(conn)
+            failure = self.error(exc, key, action)
+            if failure is exc:
+                raise
+            raise failure from exc
+        self._give(conn)
+        return result
+
+    def _give(self, conn: Any) -> None:
+        if not self.closed and len(self._idle) < self._keep:
+            self._idle.append(conn)
+        else:
+            conn.pgconn.finish()  # closes the socket without awaiting: nothing is in flight
+
+    @staticmethod
+    async def _discard(conn: Any) -> None:
+        try:
+            await conn.close()
+        except Exception:  # noqa: BLE001 - it is gone anyway
+            pass
+
+    async def _drive(self, conn: Any, op: Op[_T]) -> _T:
+        in_transaction = False
+        try:
+            step = next(op)
+            while True:
+                if type(step) is Query:
+                    cursor = await conn.execute(step.sql, step.params)
+                    sent: Any = await cursor.fetchall() if cursor.description is not None else []
+                else:
+                    assert isinstance(step, Begin)
+                    await conn.execute(self.dialect.begin)
+                    in_transaction = True
+                    serialise = self.backend.serialise
+                    if serialise is not None:
+                        for name in sorted(step.names):
+                            await conn.execute(serialise[0], {"k": serialise[1](name)})
+                    cursor = await conn.execute(self._now)
+                    sent = float((await cursor.fetchone())[0])
+                step = op.send(sent)
+        except StopIteration as stop:
+            if in_transaction:
+                await conn.execute("COMMIT")
+            return stop.value  # type: ignore[no-any-return]
+        except Rollback as rollback:
+            await conn.execute("ROLLBACK")
+            return rollback.result  # type: ignore[no-any-return]
+        except BaseException:
+            op.close()
+            raise  # the caller discards the connection: its transaction state is unknown
+
+    async def aclose(self) -> None:
+        self.closed = True
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            await self._discard(conn)
+
+    def forget(self) -> None:
+        self._idle = []

@@ -1,0 +1,374 @@
+"""Every lock kind's operations on the lease table, as generators that yield statements and
+are sent their rows: no connection, no driver, no clock (the database's time comes back from
+:class:`Begin`). The sync and the async drivers (:mod:`._driver`) run the same generators, so
+the two share every decision; the semantics are the memory store's
+(:mod:`lockaspect.backends.memory`), the reference.
+
+An operation either runs its statements one by one in autocommit (the hot paths: the mutex's
+acquire, every release, re-entry, the batch renewal are each one statement), or first yields
+:class:`Begin`, and then runs in one write transaction that the driver commits when the
+generator returns (or rolls back on :class:`Rollback` or an error). ``Begin(names)`` also
+serialises writers of those keys (SQLite: ``BEGIN IMMEDIATE`` takes the database's write lock;
+PostgreSQL: a transaction-scoped advisory lock per key), so a transaction's reads stay true
+until it commits.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Generator, Sequence
+from typing import Any, NamedTuple, TypeVar
+
+from ...._policy import FAIR_GONE_AFTER
+from ...base import AcquireRequest, AcquireResult, KeyState, ReleaseResult, RenewItem, RenewStatus
+from ._sql import Dialect
+
+__all__ = ["QUEUE_TTL", "Begin", "Op", "Query", "Rollback", "TableOps", "place"]
+
+_T = TypeVar("_T")
+
+#: Seconds a waiter's queue place lives after its last attempt (the Redis scripts' 60 s).
+QUEUE_TTL = 60.0
+#: A fair acquire looks at most this many waiters at the queue's head for gone ones.
+FAIR_SCAN = 64
+#: Renewals per statement (five parameters each: far below SQLite's 32,766).
+RENEW_CHUNK = 500
+
+
+class Begin(NamedTuple):
+    """Open a write transaction serialising writers of ``names``; the driver sends back the
+    database's time (seconds since the epoch)."""
+
+    names: tuple[str, ...]
+
+
+class Query(NamedTuple):
+    """Run ``sql`` with ``params``; the driver sends back its rows (a list of tuples)."""
+
+    sql: str
+    params: dict[str, Any]
+
+
+class Rollback(Exception):
+    """Roll the transaction back and answer ``result``."""
+
+    def __init__(self, result: Any) -> None:
+        super().__init__()
+        self.result = result
+
+
+Op = Generator["Begin | Query", Any, _T]
+
+
+def place(kind: str, token: str) -> tuple[str, str]:
+    """``(space, slot)`` of ``token``'s hold of ``kind`` (see :mod:`._sql`)."""
+    if kind in ("lock", "fair"):
+        return "lock", ""
+    if kind == "write":
+        return "rw", ""
+    if kind == "read":
+        return "rw", token
+    return "sem", token
+
+
+def _hint(ttl: float | None) -> float | None:
+    return None if ttl is None else max(0.001, float(ttl))
+
+
+class TableOps:
+    """The operations of one dialect (statements prepared once)."""
+
+    def __init__(self, dialect: Dialect) -> None:
+        self.d = dialect
+        t = dialect.text
+        self._queue_head = t(
+            "SELECT waiter, seen, position FROM lockaspect_waiters WHERE name = :name AND space = :space "
+            f"ORDER BY position LIMIT {FAIR_SCAN}"
+        )
+        self._queue_drop_upto = t(
+            "DELETE FROM lockaspect_waiters WHERE name = :name AND space = :space AND position <= :position"
+        )
+        self._queue_drop_old = t(
+            "DELETE FROM lockaspect_waiters WHERE name = :name AND space = :space AND seen <= :before"
+        )
+        self._queue_leave = t(
+            "DELETE FROM lockaspect_waiters WHERE name = :name AND space = :space AND waiter = :waiter"
+        )
+        self._queue_join = t(
+            "INSERT INTO lockaspect_waiters (name, space, waiter, position, seen) VALUES (:name, :space, :waiter, "
+            "(SELECT coalesce(max(position), 0) + 1 FROM lockaspect_waiters WHERE name = :name AND space = :space), "
+            ":now) "
+            "ON CONFLICT (name, space, waiter) DO UPDATE SET seen = excluded.seen"
+        )
+        self._queue_count = t(
+            "SELECT space, count(*) FROM lockaspect_waiters WHERE name = :name AND seen > :before GROUP BY space"
+        )
+        self._shared = t(
+            "SELECT slot, owner, expires_at - :now, fence FROM lockaspect_holds "
+            "WHERE name = :name AND space = :space AND expires_at > :now"
+        )
+        self._drop_expired = t(
+            "DELETE FROM lockaspect_holds WHERE name = :name AND space = :space AND expires_at <= :now"
+        )
+        self._permits = t("SELECT permits FROM lockaspect_semaphores WHERE name = :name")
+        self._set_permits = t(
+            "INSERT INTO lockaspect_semaphores (name, permits) VALUES (:name, :permits) "
+            "ON CONFLICT (name) DO UPDATE SET permits = excluded.permits"
+        )
+        self._describe = t(
+            f"SELECT space, slot, kind, expires_at - {dialect.now}, fence FROM lockaspect_holds "
+            f"WHERE name = :name AND expires_at > {dialect.now}"
+        )
+        self._held_names = t(
+            f"SELECT DISTINCT name FROM lockaspect_holds WHERE name >= :low AND name < :high "
+            f"AND expires_at > {dialect.now} ORDER BY name"
+        )
+        self._force = t(f"DELETE FROM lockaspect_holds WHERE name = :name RETURNING expires_at > {dialect.now}")
+        self._sweep = t(f"DELETE FROM lockaspect_holds WHERE expires_at <= {dialect.now} - :grace")
+
+    # -- acquire --------------------------------------------------------------------------
+
+    def acquire(self, request: AcquireRequest, info: str | None) -> Op[AcquireResult]:
+        """``request`` with namespaced keys (checked by the store)."""
+        kind = request.kind
+        if kind == "lock":
+            if len(request.keys) == 1:
+                return self._lock(request, info)
+            return self._multi(request, info)
+        if kind == "fair":
+            return self._fair(request, info)
+        if kind == "semaphore":
+            return self._semaphore(request, info)
+        return self._rw(request, info)
+
+    def _claim_params(
+        self, name: str, space: str, request: AcquireRequest, kind: str, info: str | None
+    ) -> dict[str, Any]:
+        return {
+            "name": name,
+            "space": space,
+            "owner": request.token,
+            "kind": kind,
+            "lease": request.lease,
+            "info": info,
+        }
+
+    def _lock(self, request: AcquireRequest, info: str | None) -> Op[AcquireResult]:
+        """One statement: the claim; a busy key costs a second one for the retry hint."""
+        name = request.key
+        rows = yield Query(self.d.claim, self._claim_params(name, "lock", request, "lock", info))
+        if rows:
+            return AcquireResult(True, int(rows[0][0]))
+        rows = yield Query(self.d.holder, {"name": name, "space": "lock"})
+        if rows and rows[0][0] == request.token:  # raced by our own expiry: retry at once
+            return AcquireResult(False, holder_ttl=0.001)
+        return AcquireResult(False, holder_ttl=_hint(rows[0][1]) if rows else 0.001)
+
+    def _multi(self, request: AcquireRequest, info: str | None) -> Op[AcquireResult]:
+        """Every key claimed in one transaction (keys sorted: no deadlock), or none."""
+        now = yield Begin(())
+        fences = []
+        for name in request.keys:
+            params = self._claim_params(name, "lock", request, "lock", info)
+            params["now"] = now
+            rows = yield Query(self.d.claim_at, params)
+            if not rows:
+                rows = yield Query(self.d.holder, {"name": name, "space": "lock"})
+                ttl = _hint(rows[0][1]) if rows else 0.001
+                raise Rollback(AcquireResult(False, holder_ttl=ttl, busy=name))
+            fences.append(int(rows[0][0]))
+        return AcquireResult(True, fences[0], fencing_tokens=tuple(fences))
+
+    def _fair(self, request: AcquireRequest, info: str | None) -> Op[AcquireResult]:
+        """A free lock goes only to the first live waiter; waiters not seen for
+        FAIR_GONE_AFTER at the head of the queue leave it (acquire.lua's fair part)."""
+        name, token, waiter = request.key, request.token, request.waiter
+        now = yield Begin((name,))
+        queue = {"name": name, "space": "fair"}
+        head = yield Query(self._queue_head, queue)
+        gone = None
+        first = None
+        for queued, seen, position in head:
+            if now - seen <= FAIR_GONE_AFTER:
+                first = queued
+                break
+            gone = position
+        if gone is not None:
+            yield Query(self._queue_drop_upto, {**queue, "position": gone})
+        rows = yield Query(self._shared, {"name": name, "space": "lock", "now": now})
+        held = rows[0] if rows else None
+        if held is not None and held[1] == token:
+            return AcquireResult(True, int(held[3]))
+        if held is None and (first is None or first == waiter):
+            params = self._claim_params(name, "lock", request, "fair", info)
+            params["now"] = now
+            claimed = yield Query(self.d.claim_at, params)
+            if not claimed:  # a plain lock of the key took it meanwhile (it does not queue)
+                rows = yield Query(self.d.holder, {"name": name, "space": "lock"})
+                return AcquireResult(False, holder_ttl=_hint(rows[0][1]) if rows else 0.001)
+            if waiter is not None:
+                yield Query(self._queue_leave, {**queue, "waiter": waiter})
+            return AcquireResult(True, int(claimed[0][0]))
+        if waiter is not None:
+            yield Query(self._queue_join, {**queue, "waiter": waiter, "now": now})
+        if held is None:
+            return AcquireResult(False, holder_ttl=FAIR_GONE_AFTER)  # promised to the first waiter
+        return AcquireResult(False, holder_ttl=_hint(held[2]))
+
+    def _semaphore(self, request: AcquireRequest, info: str | None) -> Op[AcquireResult]:
+        """One of ``request.permits`` permits, each with a lease of its own; a number unlike
+        the stored one changes nothing and reports the stored one (sem_acquire.lua)."""
+        name, token = request.key, request.token
+        wanted = request.permits
+        assert wanted is not None  # checked by the store
+        now = yield Begin((name,))
+        rows = yield Query(self._permits, {"name": name})
+        if not rows:
+            yield Query(self._set_permits, {"name": name, "permits": wanted})
+        elif int(rows[0][0]) != wanted:
+            return AcquireResult(False, permits=int(rows[0][0]))
+        space = {"name": name, "space": "sem", "now": now}
+        yield Query(self._drop_expired, space)
+        holders = yield Query(self._shared, space)
+        for _, owner, _, fence in holders:
+            if owner == token:
+                return AcquireResult(True, int(fence))
+        if len(holders) < wanted:
+            params = self._claim_params(name, "sem", request, "semaphore", info)
+            params["now"] = now
+            rows = yield Query(self.d.share_at, params)
+            return AcquireResult(True, int(rows[0][0]))
+        if not holders:
+            return AcquireResult(False)  # no permits at all: nothing will free up by itself
+        return AcquireResult(False, holder_ttl=_hint(min(ttl for _, _, ttl, _ in holders)))
+
+    def _rw(self, request: AcquireRequest, info: str | None) -> Op[AcquireResult]:
+        """Many readers or one writer. A writer that made an attempt within FAIR_GONE_AFTER
+        keeps new readers out; ``request.below`` lets the holder of the write lock take the
+        read lock too, a downgrade (rw_acquire.lua)."""
+        name, token, waiter = request.key, request.token, request.waiter
+        writing = request.kind == "write"
+        now = yield Begin((name,))
+        queue = {"name": name, "space": "rw"}
+        yield Query(self._queue_drop_old, {**queue, "before": now - FAIR_GONE_AFTER})
+        space = {"name": name, "space": "rw", "now": now}
+        yield Query(self._drop_expired, space)
+        holds = yield Query(self._shared, space)
+        writer = next((hold for hold in holds if hold[0] == ""), None)
+        readers = [hold for hold in holds if hold[0] != ""]
+        if writing:
+            if writer is not None and writer[1] == token:
+                return AcquireResult(True, int(writer[3]))
+            free = writer is None and not readers
+        else:
+            for _, owner, _, fence in readers:
+                if owner == token:
+                    return AcquireResult(True, int(fence))
+            downgrade = request.below != "" and writer is not None and writer[1] == request.below
+            if downgrade:
+                free = True
+            else:
+                waiting = yield Query(self._queue_head, queue)
+                free = not waiting and writer is None
+        if free:
+            params = self._claim_params(name, "rw", request, request.kind, info)
+            params["now"] = now
+            rows = yield Query(self.d.claim_at if writing else self.d.share_at, params)
+            if not rows:  # pragma: no cover - every writer of the record is serialised
+                return AcquireResult(False, holder_ttl=0.001)
+            if waiter is not None:
+                yield Query(self._queue_leave, {**queue, "waiter": waiter})
+            return AcquireResult(True, int(rows[0][0]))
+        if writer is not None:
+            hint: float = writer[2]
+        elif readers:
+            hint = min(ttl for _, _, ttl, _ in readers)
+        else:
+            hint = FAIR_GONE_AFTER  # only waiting writers keep this reader out
+        if waiter is not None and writing:
+            yield Query(self._queue_join, {**queue, "waiter": waiter, "now": now})
+        return AcquireResult(False, holder_ttl=_hint(hint))
+
+    # -- release, re-entry, renewal, queues -----------------------------------------------
+
+    def release(self, name: str, token: str, kind: str) -> Op[ReleaseResult]:
+        """One statement: the hold's row deleted if ``token`` has it (an expired one is
+        deleted too, and answered ``NOT_OWNER``)."""
+        space, slot = place(kind, token)
+        rows = yield Query(self.d.release, {"name": name, "space": space, "slot": slot, "owner": token})
+        return ReleaseResult.RELEASED if rows and rows[0][0] else ReleaseResult.NOT_OWNER
+
+    def reenter(self, name: str, token: str, kind: str) -> Op[bool]:
+        space, slot = place(kind, token)
+        rows = yield Query(self.d.held, {"name": name, "space": space, "slot": slot, "owner": token})
+        return bool(rows)
+
+    def renew(self, items: Sequence[RenewItem]) -> Op[list[RenewStatus]]:
+        """Every lease still held by its token extended from the database's now, in one
+        statement per :data:`RENEW_CHUNK` items (one transaction: the driver opens it when
+        there is more than one chunk)."""
+        if len(items) > RENEW_CHUNK:
+            yield Begin(())
+        renewed: set[tuple[str, str, str, str]] = set()
+        for start in range(0, len(items), RENEW_CHUNK):
+            chunk = items[start : start + RENEW_CHUNK]
+            params: dict[str, Any] = {}
+            for i, (name, token, lease, kind) in enumerate(chunk):
+                space, slot = place(kind, token)
+                params[f"n{i}"], params[f"s{i}"], params[f"t{i}"] = name, space, slot
+                params[f"o{i}"], params[f"e{i}"] = token, float(lease)
+            rows = yield Query(self.d.renew(len(chunk)), params)
+            renewed.update((row[0], row[1], row[2], row[3]) for row in rows)
+        return [(name, *place(kind, token), token) in renewed for name, token, _, kind in items]
+
+    def unqueue(self, name: str, waiter: str, kind: str) -> Op[None]:
+        """Only the fair lock and waiting writers keep queue places in the table."""
+        space = "fair" if kind == "fair" else "rw" if kind == "write" else None
+        if space is not None:
+            yield Query(self._queue_leave, {"name": name, "space": space, "waiter": waiter})
+
+    def sweep(self, grace: float) -> Op[None]:
+        """Delete holds that expired more than ``grace`` seconds ago (nobody will release
+        them: crashed holders' rows)."""
+        yield Query(self._sweep, {"grace": grace})
+
+    # -- the operator's view ----------------------------------------------------------------
+
+    def describe(self, name: str, key: str) -> Op[list[KeyState]]:
+        """One :class:`KeyState` per kind held at ``name`` (reported under ``key``)."""
+        now = yield Begin(())
+        rows = yield Query(self._describe, {"name": name})
+        counts = yield Query(self._queue_count, {"name": name, "before": now - QUEUE_TTL})
+        waiting = {space: int(count) for space, count in counts}
+        permits = yield Query(self._permits, {"name": name})
+        by_kind: dict[str, list[tuple[float, int]]] = {}
+        for _, _, kind, remaining, fence in rows:
+            by_kind.setdefault(kind, []).append((float(remaining), int(fence)))
+        states = []
+        for kind, holds in sorted(by_kind.items()):
+            waiters = waiting.get({"fair": "fair", "write": "rw", "read": "rw"}.get(kind, ""), 0)
+            stored = int(permits[0][0]) if kind == "semaphore" and permits else None
+            remaining = max(ttl for ttl, _ in holds)
+            fence = max(fence for _, fence in holds)
+            states.append(KeyState(key, kind, len(holds), remaining, fence, waiters, stored))
+        return states
+
+    def held_keys(self, prefix: str, pattern: str) -> Op[list[str]]:
+        """The keys held now whose name (without ``prefix``) matches the glob ``pattern``."""
+        rows = yield Query(self._held_names, {"low": prefix, "high": prefix + "\U0010ffff"})
+        names = (str(row[0])[len(prefix) :] for row in rows)
+        return [name for name in names if fnmatch.fnmatchcase(name, pattern)]
+
+    def force_release(self, name: str) -> Op[bool]:
+        rows = yield Query(self._force, {"name": name})
+        return any(row[0] for row in rows)
+
+    def permits(self, name: str, set_to: int | None) -> Op[tuple[int | None, int]]:
+        now = yield Begin((name,))
+        rows = yield Query(self._permits, {"name": name})
+        stored = int(rows[0][0]) if rows else None
+        holders = yield Query(self._shared, {"name": name, "space": "sem", "now": now})
+        if set_to is not None:
+            yield Query(self._set_permits, {"name": name, "permits": set_to})
+            stored = set_to
+        return stored, len(holders)

@@ -1,0 +1,292 @@
+"""Opening the lease table: ``sqlite://`` (the standard library's sqlite3) and
+``postgresql+table://`` (psycopg 3), their options, the schema, and how each driver's errors
+are classified."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+from ....errors import ConfigurationError
+from ...base import redacted
+from .._keys import advisory_key
+from ._driver import AsyncDriver, Backend, Pool, SyncDriver
+from ._notify import hub_for
+from ._sql import POSTGRES, SQLITE, TABLES
+from .store import AsyncBridgeStore, AsyncTableStore, TableStore
+
+__all__ = ["open_sqlite_store", "open_table_store", "schema_sql"]
+
+#: Oldest SQLite with everything the statements use (UPDATE ... FROM, RETURNING).
+MIN_SQLITE = (3, 35, 0)
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def schema_sql(dialect: str) -> str:
+    """The DDL that creates the lease table's tables (``"sqlite"`` or ``"postgresql"``), for
+    users who create schemas themselves and open the store with ``create_schema=False``."""
+    if dialect not in ("sqlite", "postgresql"):
+        raise ConfigurationError(f"the lease table runs on 'sqlite' or 'postgresql', not {dialect!r}")
+    return (SQLITE if dialect == "sqlite" else POSTGRES).schema.strip() + "\n"
+
+
+def _flag(value: object, name: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in _TRUE | _FALSE:
+        return value.lower() in _TRUE
+    raise ConfigurationError(f"{name} must be true or false, got {value!r}")
+
+
+def _seconds(value: object, name: str) -> float:
+    try:
+        seconds = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        seconds = -1.0
+    if isinstance(value, bool) or not seconds >= 0 or seconds == float("inf"):
+        raise ConfigurationError(f"{name} must be a number of seconds >= 0, got {value!r}")
+    return seconds
+
+
+def _options(query: str, given: Mapping[str, Any], known: set[str], url: str) -> dict[str, Any]:
+    options: dict[str, Any] = dict(parse_qsl(query, keep_blank_values=True))
+    options.update(given)
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ConfigurationError(
+            f"unknown option(s) {', '.join(map(repr, unknown))} for {redacted(url)!r}; "
+            f"the options are {', '.join(sorted(known))}"
+        )
+    return options
+
+
+# -- SQLite ------------------------------------------------------------------------------
+
+
+def _sqlite_transient(exc: BaseException) -> bool | None:
+    if isinstance(exc, sqlite3.OperationalError):
+        text = str(exc).lower()
+        return "locked" in text or "busy" in text or "disk i/o" in text
+    return False if isinstance(exc, sqlite3.Error) else None
+
+
+def _sqlite_broken(exc: BaseException) -> bool:
+    return isinstance(exc, sqlite3.ProgrammingError)
+
+
+def _sqlite_path(url: str) -> Path:
+    parts = urlsplit(url)
+    if parts.netloc or not parts.path.startswith("/") or parts.path == "/" or parts.fragment:
+        raise ConfigurationError(
+            f"a SQLite lock store URL is sqlite:///<relative path> or sqlite:////<absolute path>, got {url!r}"
+        )
+    path = unquote(parts.path[1:])
+    if path == ":memory:" or path.startswith("file:"):
+        raise ConfigurationError(
+            f"{url!r}: an in-memory SQLite database is private to one connection; use memory:// for locks "
+            "within one process, or a file for locks across processes"
+        )
+    return Path(path)
+
+
+def open_sqlite_store(url: str, *, namespace: str = "lockaspect:", **options: Any) -> TableStore:
+    """The store of ``sqlite:///<path>``: a lease table in a SQLite file, shared by every
+    process of this host that opens the same file (never across hosts: SQLite's locking does
+    not hold on network file systems).
+
+    The path follows SQLAlchemy's URLs: ``sqlite:///locks.db`` is relative to the working
+    directory, ``sqlite:////var/lib/app/locks.db`` absolute. Options (keywords, or the URL's
+    query string): ``create_schema`` (default true: create the tables if missing; false:
+    refuse to open without them), ``busy_timeout`` (seconds a statement waits for another
+    process's write, default 5), ``owner_info`` (default true: store host, pid and thread
+    with each hold).
+
+    Raises:
+        ConfigurationError: a malformed URL or option, a missing directory, a file that cannot
+            be written, a SQLite older than 3.35, or missing tables with ``create_schema=False``.
+            Nothing is written in any of these cases.
+    """
+    if sqlite3.sqlite_version_info < MIN_SQLITE:
+        raise ConfigurationError(
+            f"the SQLite lock store needs SQLite >= 3.35 (RETURNING), this Python has {sqlite3.sqlite_version}"
+        )
+    path = _sqlite_path(url)
+    opts = _options(urlsplit(url).query, options, {"create_schema", "busy_timeout", "owner_info"}, url)
+    create = _flag(opts.get("create_schema", True), "create_schema")
+    busy = _seconds(opts.get("busy_timeout", 5.0), "busy_timeout")
+    info = _flag(opts.get("owner_info", True), "owner_info")
+    if not isinstance(namespace, str):
+        raise ConfigurationError(f"namespace must be a str, got {namespace!r}")
+    directory = path.parent.resolve()
+    if not directory.is_dir():
+        hint = f"; for an absolute path write sqlite:///{path}" if not path.is_absolute() else ""
+        raise ConfigurationError(f"{url!r}: the directory {str(directory)!r} does not exist{hint}")
+    if not path.exists() and not create:
+        raise ConfigurationError(f"{url!r}: no database file at {str(path.resolve())!r} (and create_schema=False)")
+    label = f"sqlite:///{path}"
+    resolved = str(path.resolve())
+
+    def connect() -> sqlite3.Connection:
+        conn = sqlite3.connect(resolved, timeout=busy, isolation_level=None, check_same_thread=False)
+        conn.execute("PRAGMA synchronous=NORMAL")
+        return conn
+
+    _prepare_sqlite(connect, create, url, resolved)
+    backend = Backend(SQLITE, label, _sqlite_transient, _sqlite_broken)
+    driver = SyncDriver(backend, Pool(connect, lambda conn: conn.close()))
+    return TableStore(driver, hub_for("sqlite:" + resolved), namespace, twin=AsyncBridgeStore, info=info)
+
+
+def _prepare_sqlite(connect: Any, create: bool, url: str, path: str) -> None:
+    """Check (and with ``create``, make) the schema; WAL mode; a writable file."""
+    try:
+        conn = connect()
+    except sqlite3.Error as exc:
+        raise ConfigurationError(f"{url!r}: cannot open {path!r}: {exc}") from exc
+    try:
+        if create:
+            mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise ConfigurationError(
+                    f"{url!r}: SQLite refused WAL mode (got {mode!r}); is the file on a local disk?"
+                )
+            conn.executescript(SQLITE.schema)
+        for table in (*TABLES, "lockaspect_fences"):
+            conn.execute(f"SELECT 1 FROM {table} LIMIT 0")
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("ROLLBACK")
+    except sqlite3.Error as exc:
+        text = str(exc)
+        if "no such table" in text:
+            raise ConfigurationError(
+                f"{url!r}: {text}; open it with create_schema=True, or create the tables with "
+                "lockaspect.backends.sql.table.schema_sql('sqlite')"
+            ) from exc
+        if "readonly" in text or "read-only" in text:
+            raise ConfigurationError(f"{url!r}: {path!r} is read-only: the lock store writes to it") from exc
+        raise ConfigurationError(f"{url!r}: {text}") from exc
+    finally:
+        conn.close()
+
+
+# -- PostgreSQL ------------------------------------------------------------------------------
+
+_SERIALISE = "SELECT pg_advisory_xact_lock(%(k)s)"
+#: Held while creating the schema, so that concurrent first starts do not race (a fixed key
+#: outside the range of advisory_key's inputs' likely values would be no safer: any is fine).
+_SCHEMA_LOCK = advisory_key("lockaspect:schema:lease-table")
+
+
+def _table_key(name: str) -> int:
+    return advisory_key("lockaspect-table:" + name)
+
+
+def _pg_transient(exc: BaseException) -> bool | None:
+    import psycopg
+
+    if isinstance(exc, (psycopg.OperationalError, psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled)):
+        return True
+    return False if isinstance(exc, psycopg.Error) else None
+
+
+def _pg_broken(exc: BaseException) -> bool:
+    import psycopg
+
+    return isinstance(exc, psycopg.OperationalError)
+
+
+def open_table_store(url: str, *, namespace: str = "lockaspect:", **options: Any) -> TableStore:
+    """The store of ``postgresql+table://user:password@host:port/dbname``: the lease table on
+    PostgreSQL (psycopg 3; ``pip install 'lockaspect[postgres]'``). Every operation is one
+    statement or one short transaction, with no session state, so it works behind PgBouncer in
+    transaction pooling.
+
+    Options (keywords, or the URL's query string, next to libpq's own such as
+    ``sslmode``): ``create_schema`` (default true), ``connect_timeout`` (seconds, default 10),
+    ``owner_info`` (default true).
+
+    Raises:
+        ConfigurationError: a malformed URL or option, psycopg missing, missing tables with
+            ``create_schema=False``.
+        BackendError: the server cannot be reached (transient).
+    """
+    try:
+        import psycopg
+    except ImportError as exc:
+        raise ConfigurationError("postgresql+table:// needs psycopg 3: pip install 'lockaspect[postgres]'") from exc
+    parts = urlsplit(url)
+    scheme, _, mode = parts.scheme.partition("+")
+    if scheme not in ("postgresql", "postgres") or mode != "table" or not url.startswith(parts.scheme + "://"):
+        raise ConfigurationError(f"a lease-table URL is postgresql+table://..., got {redacted(url)!r}")
+    query = dict(parse_qsl(parts.query, keep_blank_values=True))
+    ours = {"create_schema", "connect_timeout", "owner_info"}
+    opts = _options("", {**{k: v for k, v in query.items() if k in ours}, **options}, ours, url)
+    libpq_query = "&".join(f"{k}={v}" for k, v in parse_qsl(parts.query, keep_blank_values=True) if k not in ours)
+    conninfo = parts._replace(scheme="postgresql", query=libpq_query).geturl()
+    create = _flag(opts.get("create_schema", True), "create_schema")
+    timeout = _seconds(opts.get("connect_timeout", 10), "connect_timeout")
+    info = _flag(opts.get("owner_info", True), "owner_info")
+    if not isinstance(namespace, str):
+        raise ConfigurationError(f"namespace must be a str, got {namespace!r}")
+    label = redacted(url)
+    seconds = max(1, round(timeout))
+    backend = Backend(POSTGRES, label, _pg_transient, _pg_broken, (_SERIALISE, _table_key))
+
+    def connect() -> Any:
+        return psycopg.Connection.connect(conninfo, autocommit=True, prepare_threshold=None, connect_timeout=seconds)
+
+    try:
+        conn = connect()
+    except psycopg.Error as exc:
+        from ....errors import BackendError
+
+        raise BackendError(f"cannot connect to {label}: {exc}", transient=True) from exc
+    try:
+        _prepare_postgres(conn, create, label)
+    finally:
+        conn.close()
+    hub = hub_for("pg-table:" + label)
+
+    def twin(store: TableStore) -> AsyncTableStore:
+        async def aconnect() -> Any:
+            return await psycopg.AsyncConnection.connect(
+                conninfo, autocommit=True, prepare_threshold=None, connect_timeout=seconds
+            )
+
+        return AsyncTableStore(AsyncDriver(backend, aconnect), hub, store.namespace, info)
+
+    driver = SyncDriver(backend, Pool(connect, lambda conn: conn.close()))
+    return TableStore(driver, hub, namespace, twin=twin, info=info)
+
+
+def _prepare_postgres(conn: Any, create: bool, label: str) -> None:
+    import psycopg
+
+    try:
+        if create:
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+                for statement in POSTGRES.schema.split(";"):
+                    if statement.strip():
+                        conn.execute(statement)
+        for table in TABLES:
+            conn.execute(f"SELECT 1 FROM {table} LIMIT 0")
+        conn.execute("SELECT 1 FROM pg_sequences WHERE sequencename = 'lockaspect_fence'").fetchone() or _missing(
+            "the sequence lockaspect_fence"
+        )
+    except psycopg.errors.UndefinedTable as exc:
+        _missing(str(exc).splitlines()[0], exc)
+    except psycopg.Error as exc:
+        raise ConfigurationError(f"{label}: cannot prepare the lease table: {exc}") from exc
+
+
+def _missing(what: str, cause: BaseException | None = None) -> Any:
+    raise ConfigurationError(
+        f"{what} is missing: open the store with create_schema=True, or create it with "
+        "lockaspect.backends.sql.table.schema_sql('postgresql')"
+    ) from cause
