@@ -79,7 +79,7 @@ if __name__ == "__main__":
     url = sys.argv[1] if len(sys.argv) > 1 else os.environ.get("LOCKASPECT_PG_URL")
     with ExitStack() as stack:
         if not url:
-            from lockaspect.testing import PostgresServer  # type: ignore[attr-defined]
+            from lockaspect.testing import PostgresServer
 
             url = stack.enter_context(PostgresServer()).url
             print("started a throwaway server")

@@ -1,23 +1,19 @@
 """``scope=`` and ``connection=``: a lock held by the store's session (the default) or by the
 caller's own database transaction (``scope="transaction"``: PostgreSQL's
-``pg_advisory_xact_lock`` on ``connection``, see :mod:`lockaspect.backends.sql.xact`).
+``pg_advisory_xact_lock`` on ``connection``, see :mod:`lockaspect.xact`).
 
 The validators of the two options and the rules between them and the other options, checked
 by :func:`lockaspect.options.check` (the decorator) and by ``client.lock()`` before any I/O.
-The transaction-scope code itself (and its drivers) is imported by name, on first use, by
-:func:`transaction_scope`: the core never imports it.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping
-from types import ModuleType
 from typing import Any, Final
 
 from .errors import ConfigurationError
 
-__all__ = ["SCOPES", "check_connection", "check_rules", "check_scope", "transaction_scope"]
+__all__ = ["SCOPES", "check_connection", "check_rules", "check_scope"]
 
 SCOPES: Final = ("session", "transaction")
 
@@ -75,8 +71,3 @@ def check_rules(options: Mapping[str, Any]) -> None:
             refused.append(why)
     if refused:
         raise ConfigurationError("scope='transaction' cannot take " + "; ".join(refused))
-
-
-def transaction_scope() -> ModuleType:
-    """:mod:`lockaspect.backends.sql.xact`, imported by name on first use."""
-    return importlib.import_module("lockaspect.backends.sql.xact")

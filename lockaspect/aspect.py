@@ -19,7 +19,7 @@ from typing import Any, TypeVar, cast
 
 import wrapt
 
-from . import _scope, config, options
+from . import config, options
 from .blocks import arun_multi, run_multi
 from .client import LockClient
 from .errors import ConfigurationError, KeyTemplateError, LockNotAcquired
@@ -27,6 +27,7 @@ from .executor import check_executor
 from .keys import ArgumentNames, KeyTemplate, check_key
 from .options import UNSET as _UNSET
 from .options import LockSpec
+from .xact import ConnectionPlan
 
 __all__ = ["FailureContext", "distributed_lock", "distributed_semaphore"]
 
@@ -64,8 +65,8 @@ class _Resolved:
     #: A multi-key lock: its key templates, or a function of the bound arguments returning the keys.
     templates: tuple[KeyTemplate, ...] = ()
     keys_fn: Callable[[Mapping[str, Any]], Any] | None = None
-    #: scope="transaction": how a call finds its connection (lockaspect.backends.sql.xact).
-    xact: Any = None
+    #: scope="transaction": how a call finds its connection (lockaspect.xact).
+    xact: ConnectionPlan | None = None
 
     @property
     def multi(self) -> bool:
@@ -133,7 +134,7 @@ class _LockAspect:
             options.check_margin(spec, client.watchdog_lease, client.tick)
         xact = None
         if checked.get("scope") == "transaction":
-            xact = _scope.transaction_scope().plan(checked["connection"], self._names)
+            xact = ConnectionPlan(checked["connection"], self._names)
         resolved = _Resolved(
             spec, template, cast(Any, key_fn), executor, executor_set, on_failure, generation, multi, keys_fn, xact
         )

@@ -25,6 +25,7 @@ from .keys import check_key, check_keys
 from .observe import ClientStats, LogObserver, Observer, Observers, StatsObserver
 from .options import SPEC_FIELDS, LockSpec, OnLost
 from .options import WAIT_STRATEGIES as WAIT_STRATEGIES
+from .xact import open_block
 
 __all__ = ["ClientStats", "LockClient", "LockSpec"]
 
@@ -434,11 +435,10 @@ class LockClient:
 
 def _transaction_block(client: LockClient, key: str, spec: LockSpec, scope: object, connection: Any) -> LockBlock:
     """``client.lock(key, scope="transaction", connection=...)``: checked before any I/O, then
-    the block of :mod:`lockaspect.backends.sql.xact` (imported by name, on first use)."""
+    the block of :mod:`lockaspect.xact`."""
     options = {name: getattr(spec, name) for name in SPEC_FIELDS}
     _scope.check_rules({**options, "scope": _scope.check_scope(scope), "connection": connection})
-    block: LockBlock = _scope.transaction_scope().open_block(client, key, spec, connection)
-    return block
+    return open_block(client, key, spec, connection)
 
 
 def _after_fork_in_child() -> None:

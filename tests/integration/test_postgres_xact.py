@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -478,3 +481,14 @@ class TestDjango:
         lite = django_db["lite"]
         with transaction.atomic(using="lite"), pytest.raises(ConfigurationError, match="Django sqlite connection"):
             client.lock("k", scope="transaction", connection=lite)
+
+
+def test_the_example_runs(pg: Any) -> None:
+    """examples/postgres_transaction_fence.py against the test server (a DSN on its command line)."""
+    script = Path(__file__).resolve().parents[2] / "examples" / "postgres_transaction_fence.py"
+    result = subprocess.run(
+        [sys.executable, str(script), pg.url], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "stale write with token" in result.stdout
+    assert result.stdout.rstrip().endswith("ok")

@@ -1,29 +1,45 @@
-"""The ``with`` / ``async with`` block of a transaction-scoped lock, its :class:`Lease`, and the
-decorated call (``@distributed_lock(..., scope="transaction", connection=...)``)."""
+"""Transaction-scoped locks (``scope="transaction"``): the ``with`` / ``async with`` block,
+its :class:`Lease`, and the decorated call (``@distributed_lock(..., scope="transaction",
+connection=...)``).
+
+The lock is PostgreSQL's ``pg_advisory_xact_lock`` plus a fencing token, taken in the caller's
+own open transaction; it ends when that transaction commits or rolls back. The statements and
+the connection adapters (psycopg 3, SQLAlchemy, Django) are a store-side package,
+:mod:`lockaspect.backends.sql.xact`, imported by name on first use (so the core never imports a
+driver); this module is the lock's life around them. The user's guide:
+``docs/stores/sql.md#transaction-scoped-advisory-locks``.
+"""
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import math
 import secrets
 import time
 from collections.abc import Callable, Mapping
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ....blocks import LockBlock
-from ....engine.core import Engine
-from ....engine.outcome import raise_if_lost
-from ....errors import ConfigurationError, KeyTemplateError, LockLost, LockNotAcquired
-from ....keys import ArgumentNames
-from ....lease import _HELD, Lease, _push, find_held
-from ....options import LockSpec
-from ....renewal import Renewal
-from .._keys import advisory_key
-from . import _sql
-from ._adapters import Adapter, adapt, is_connection
+from .blocks import LockBlock
+from .engine.core import Engine
+from .engine.outcome import raise_if_lost
+from .errors import ConfigurationError, KeyTemplateError, LockLost, LockNotAcquired
+from .keys import ArgumentNames
+from .lease import _HELD, Lease, _push, find_held
+from .options import LockSpec
+from .renewal import Renewal
 
-__all__ = ["ConnectionPlan", "TransactionLease", "TransactionLockBlock"]
+if TYPE_CHECKING:
+    from .backends.sql.xact import Adapter
+
+__all__ = ["ConnectionPlan", "TransactionLease", "TransactionLockBlock", "open_block"]
+
+
+def _store() -> Any:
+    """:mod:`lockaspect.backends.sql.xact`, imported by name (it imports the drivers it needs)."""
+    return importlib.import_module("lockaspect.backends.sql.xact")
+
 
 #: Why a transaction-scoped lease is lost: its transaction ended while the block was open.
 ENDED = "transaction-ended"
@@ -87,7 +103,7 @@ class TransactionLockBlock(LockBlock):
 
     def __init__(self, engine: Engine, key: str, spec: LockSpec, namespace: str, connection: object) -> None:
         super().__init__(engine, key, spec)
-        self._adapter: Adapter = adapt(connection, key)
+        self._adapter: Adapter = _store().adapt(connection, key)
         self._family = "xact:" + namespace
         self._lease: TransactionLease | None = None
         self._ref: object = None
@@ -134,7 +150,7 @@ class TransactionLockBlock(LockBlock):
         )
 
     def _advisory(self) -> int:
-        return advisory_key(self._family[len("xact:") :] + self._key)
+        return int(_store().advisory_key(self._family[len("xact:") :] + self._key))
 
     def _leave(self, exc: BaseException | None) -> None:
         lease, self._lease = self._lease, None
@@ -154,11 +170,11 @@ class TransactionLockBlock(LockBlock):
         shared = self._spec.mode == "read"
         held = self._held()
         if held is not None:
-            if _sql.run(_sql.reenter(self._key, self._advisory(), shared), adapter.execute):
+            if _store().run(_store().reenter(self._key, self._advisory(), shared), adapter.execute):
                 return self._entered(held)
             held._mark_lost(ENDED)
-        steps = _sql.acquire(self._key, self._advisory(), self._spec.wait, shared)
-        return self._entered(self._new_lease(_sql.run(steps, adapter.execute)))
+        steps = _store().acquire(self._key, self._advisory(), self._spec.wait, shared)
+        return self._entered(self._new_lease(_store().run(steps, adapter.execute)))
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -173,11 +189,11 @@ class TransactionLockBlock(LockBlock):
         shared = self._spec.mode == "read"
         held = self._held()
         if held is not None:
-            if await _sql.arun(_sql.reenter(self._key, self._advisory(), shared), adapter.aexecute):
+            if await _store().arun(_store().reenter(self._key, self._advisory(), shared), adapter.aexecute):
                 return self._entered(held)
             held._mark_lost(ENDED)
-        steps = _sql.acquire(self._key, self._advisory(), self._spec.wait, shared)
-        return self._entered(self._new_lease(await _sql.arun(steps, adapter.aexecute)))
+        steps = _store().acquire(self._key, self._advisory(), self._spec.wait, shared)
+        return self._entered(self._new_lease(await _store().arun(steps, adapter.aexecute)))
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -214,7 +230,7 @@ class ConnectionPlan:
                     raise ConfigurationError(f"the call of {qualname}() has no argument {value!r}") from None
 
             self._get: Callable[[Mapping[str, Any]], Any] = by_name
-        elif callable(value) and not is_connection(value):
+        elif callable(value) and not _store().is_connection(value):
             function = value
 
             def by_function(bound: Mapping[str, Any]) -> Any:
@@ -291,3 +307,15 @@ class ConnectionPlan:
         except LockLost as lost:
             raise _with_result(lost, result) from None
         return result
+
+
+def open_block(client: Any, key: str, spec: LockSpec, connection: object) -> TransactionLockBlock:
+    """The block of ``client.lock(key, scope="transaction", connection=connection)``."""
+    if isinstance(connection, str):
+        raise ConfigurationError(
+            f"connection={connection!r}: client.lock() takes the connection object itself "
+            "(a parameter name is for @distributed_lock)",
+            key=key,
+        )
+    namespace = getattr(client.backend, "namespace", "lockaspect:")
+    return TransactionLockBlock(client._engine, key, spec, namespace, connection)
