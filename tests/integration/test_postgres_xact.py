@@ -364,7 +364,7 @@ class TestDecorator:
                 async with conn.transaction():
                     async with client.lock("job:1", scope="transaction", connection=conn) as lease:
                         assert not free("job:1")
-                    token = await run(conn, 1)  # re-enters: this transaction still holds job:1
+                    token = await run(conn, 1)  # granted at once (this transaction holds job:1), a new fence
                     assert token > lease.fencing_token
                 assert free("job:1")
                 async with conn.transaction():

@@ -102,13 +102,13 @@ class _Psycopg(Adapter):
     def execute(self, step: Step) -> Row | None:
         sql, params = step
         with self.connection.cursor(row_factory=self._rows) as cursor:
-            cursor.execute(sql, params)
+            cursor.execute(sql, params, prepare=False)  # never a server-side prepared statement (PgBouncer)
             return None if params is None else cursor.fetchone()
 
     async def aexecute(self, step: Step) -> Row | None:
         sql, params = step
         async with self.connection.cursor(row_factory=self._rows) as cursor:
-            await cursor.execute(sql, params)
+            await cursor.execute(sql, params, prepare=False)
             return None if params is None else await cursor.fetchone()
 
 

@@ -100,7 +100,7 @@ def _missing(key: str) -> ConfigurationError:
     return ConfigurationError(
         f"cannot lock {key!r}: the fence sequence {FENCE_SEQUENCE} does not exist in this database "
         f"(looked up through the search_path). Create it once, e.g. in a migration: "
-        f"CREATE SEQUENCE IF NOT EXISTS {FENCE_SEQUENCE}; nothing was locked",
+        f"CREATE SEQUENCE IF NOT EXISTS {FENCE_SEQUENCE} AS BIGINT; nothing was locked",
         key=key,
     )
 
