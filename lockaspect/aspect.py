@@ -27,6 +27,7 @@ from .executor import check_executor
 from .keys import ArgumentNames, KeyTemplate, check_key
 from .options import UNSET as _UNSET
 from .options import LockSpec
+from .xact import ConnectionPlan
 
 __all__ = ["FailureContext", "distributed_lock", "distributed_semaphore"]
 
@@ -64,6 +65,8 @@ class _Resolved:
     #: A multi-key lock: its key templates, or a function of the bound arguments returning the keys.
     templates: tuple[KeyTemplate, ...] = ()
     keys_fn: Callable[[Mapping[str, Any]], Any] | None = None
+    #: scope="transaction": how a call finds its connection (lockaspect.xact).
+    xact: ConnectionPlan | None = None
 
     @property
     def multi(self) -> bool:
@@ -129,8 +132,11 @@ class _LockAspect:
             options.check_margin(spec, None, None)
         else:
             options.check_margin(spec, client.watchdog_lease, client.tick)
+        xact = None
+        if checked.get("scope") == "transaction":
+            xact = ConnectionPlan(checked["connection"], self._names)
         resolved = _Resolved(
-            spec, template, cast(Any, key_fn), executor, executor_set, on_failure, generation, multi, keys_fn
+            spec, template, cast(Any, key_fn), executor, executor_set, on_failure, generation, multi, keys_fn, xact
         )
         self._resolved = resolved
         return resolved
@@ -212,6 +218,9 @@ class _LockAspect:
     ) -> Any:
         resolved, key, names = self.prepare(instance, args, kwargs)
         client = self.client or config.default_client()
+        if resolved.xact is not None:
+            failure = self.failure(resolved, key, names)
+            return resolved.xact.run(client, key, resolved.spec, names, (wrapped, args, kwargs), failure)
         if resolved.multi:
             return run_multi(
                 client._engine, key, resolved.spec, wrapped, args, kwargs, self.failure(resolved, None, names)
@@ -226,6 +235,9 @@ class _LockAspect:
     ) -> Any:
         resolved, key, names = self.prepare(instance, args, kwargs)
         client = self.client or config.default_client()
+        if resolved.xact is not None:
+            failure = self.failure(resolved, key, names)
+            return await resolved.xact.arun(client, key, resolved.spec, names, (wrapped, args, kwargs), failure)
         if resolved.multi:
             failure = self.failure(resolved, None, names)
             return await arun_multi(client._engine, key, resolved.spec, wrapped, args, kwargs, failure)
@@ -250,6 +262,8 @@ def distributed_lock(
     fair: bool = _UNSET,
     mode: str | None = _UNSET,
     keys: list[str] | tuple[str, ...] | Callable[[Mapping[str, Any]], Any] | None = None,
+    scope: str = _UNSET,
+    connection: Any = None,
 ) -> Callable[[F], F]:
     """Run the decorated function under a distributed lock named by ``key``.
 
@@ -299,6 +313,12 @@ def distributed_lock(
             bound arguments and returns a list of keys (for a set that depends on the call,
             e.g. ``lambda a: [f"sku:{s}" for s in a["skus"]]``). The body runs inline;
             ``on_failure`` gets the busy key.
+        scope: ``"session"`` (default): the client's store holds the lock. ``"transaction"``:
+            a PostgreSQL advisory lock taken in ``connection``'s open transaction and held
+            until it commits or rolls back (no lease, no watchdog; docs/stores/sql.md).
+        connection: With ``scope="transaction"``: the connection (psycopg 3, SQLAlchemy
+            ``Session``/``Connection``, Django), the name of the parameter that holds it
+            (``connection="session"``), or a callable taking the bound arguments.
 
     Raises:
         KeyTemplateError: At decoration, for a malformed template or a name the function
@@ -334,6 +354,8 @@ def distributed_lock(
         fair=fair,
         mode=mode,
         keys=keys,
+        scope=scope,
+        connection=connection,
     )
 
 

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Executor
 from typing import Any
 
-from . import _policy
+from . import _policy, _scope
 from .backends.base import AdminStore, Capability, Store
 from .blocks import LockBlock, MultiLockBlock, RWLock
 from .engine.aio import AsyncRunner
@@ -23,8 +23,9 @@ from .errors import ConfigurationError
 from .executor import check_executor
 from .keys import check_key, check_keys
 from .observe import ClientStats, LogObserver, Observer, Observers, StatsObserver
+from .options import SPEC_FIELDS, LockSpec, OnLost
 from .options import WAIT_STRATEGIES as WAIT_STRATEGIES
-from .options import LockSpec, OnLost
+from .xact import open_block
 
 __all__ = ["ClientStats", "LockClient", "LockSpec"]
 
@@ -209,6 +210,8 @@ class LockClient:
         max_hold: float | None = None,
         wait_strategy: str = "notify",
         fair: bool = False,
+        scope: str = "session",
+        connection: Any = None,
     ) -> LockBlock:
         """Lock ``key`` for a ``with`` block; the block gets the :class:`Lease`.
 
@@ -216,7 +219,9 @@ class LockClient:
         until the block exits. A nested ``client.lock`` on the key in the same context
         re-enters. Raises :class:`LockNotAcquired` or :class:`BackendError` on entering, and
         :class:`LockLost` on exit if the lease was lost meanwhile (chained to the block's own
-        exception, if any).
+        exception, if any). ``scope="transaction"`` with ``connection=`` (psycopg, SQLAlchemy,
+        Django) takes a PostgreSQL advisory lock in that connection's open transaction, held
+        until it commits or rolls back, not until the block exits (docs/stores/sql.md).
 
         Example::
 
@@ -232,6 +237,8 @@ class LockClient:
             wait_strategy=wait_strategy,
             fair=fair,
         )
+        if scope != "session" or connection is not None:
+            return _transaction_block(self, check_key(key), spec, scope, connection)
         return LockBlock(self._engine, check_key(key), spec)
 
     def fair_lock(
@@ -425,17 +432,22 @@ class LockClient:
         state = "closed" if self.closed else "open"
         return f"<LockClient {type(self.backend).__name__} watchdog_lease={self.watchdog_lease:g}s {state}>"
 
-    def _reset_after_fork(self) -> None:  # the parent's locks, threads and loops are not ours
-        self._engine.reset_after_fork()
-        self._sync.reset_after_fork()
-        self._async.reset_after_fork()
-        self.backend.reset_after_fork()
-        self._stats.reset()
+
+def _transaction_block(client: LockClient, key: str, spec: LockSpec, scope: object, connection: Any) -> LockBlock:
+    """``client.lock(key, scope="transaction", connection=...)``: checked before any I/O, then
+    the block of :mod:`lockaspect.xact`."""
+    options = {name: getattr(spec, name) for name in SPEC_FIELDS}
+    _scope.check_rules({**options, "scope": _scope.check_scope(scope), "connection": connection})
+    return open_block(client, key, spec, connection)
 
 
 def _after_fork_in_child() -> None:
-    for client in list(_clients):
-        client._reset_after_fork()
+    for client in list(_clients):  # the parent's locks, threads and loops are not ours
+        client._engine.reset_after_fork()
+        client._sync.reset_after_fork()
+        client._async.reset_after_fork()
+        client.backend.reset_after_fork()
+        client._stats.reset()
 
 
 if hasattr(os, "register_at_fork"):

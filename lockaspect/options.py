@@ -4,35 +4,33 @@ validated options the engine runs on.
 
 Who reads the table:
 
-- ``@distributed_lock`` / ``@distributed_semaphore`` (:mod:`lockaspect.aspect`): the options
-  given explicitly are checked with :func:`check` when the decorator is applied; each
-  resolution merges them over a named policy with :func:`merge` (defaults < policy <
-  explicit), checks the result with :func:`check` and builds the spec with :func:`spec_of`;
-  :func:`check_margin` checks ``delay_weight`` against the client's lease and tick.
+- ``@distributed_lock`` / ``@distributed_semaphore`` (:mod:`lockaspect.aspect`): the options given explicitly
+  are checked with :func:`check` when the decorator is applied; each resolution merges them over a named policy
+  with :func:`merge` (defaults < policy < explicit), checks the result with :func:`check` and builds the spec
+  with :func:`spec_of`; :func:`check_margin` checks ``delay_weight`` against the client's lease and tick.
 - Named policies (:mod:`lockaspect.config`, a mapping or a TOML file): :data:`POLICY_FIELDS`
   lists the names a policy may set, :func:`check_policy` checks one policy's options.
 - ``client.lock()``, ``fair_lock()``, ``multi_lock()``, ``semaphore()``, ``set_permits()``
   and ``rw_lock(key).read()`` / ``.write()``: :meth:`LockSpec.create`, which runs the same
   validators and rules before any I/O.
 
-Validators return the normalised value (seconds as ``float``) or raise the error the
-public API documents: :class:`TypeError` for a value of the wrong type,
-:class:`~lockaspect.ConfigurationError` for a bad value (a policy wraps both into a
-``ConfigurationError`` naming the policy and its source). Messages name the option and the
-fix. The arithmetic (durations, margins) lives in :mod:`lockaspect._policy`.
+Validators return the normalised value (seconds as ``float``) or raise the error the public API documents:
+:class:`TypeError` for a value of the wrong type, :class:`~lockaspect.ConfigurationError` for a bad value (a
+policy wraps both into a ``ConfigurationError`` naming the policy and its source). Messages name the option and
+the fix. The arithmetic (durations, margins) lives in :mod:`lockaspect._policy`; ``scope``/``connection`` and
+their rules in :mod:`lockaspect._scope`.
 
 For contributors, adding an option takes:
 
 1. one :class:`Option` in :data:`OPTIONS` below (plus a :class:`Rule` in :data:`RULES` if it
    excludes other options, and a :class:`LockSpec` field if the engine reads it);
 2. its documentation (``docs/configuration.md`` and the public docstrings);
-3. the signatures of the public functions that take it: ``distributed_lock`` and
-   ``distributed_semaphore`` in ``aspect.py``; ``LockClient.lock``, ``fair_lock``,
-   ``multi_lock``, ``semaphore`` and ``RWLock.read`` / ``write`` in ``client.py`` (and
-   :meth:`LockSpec.create` here), and the bodies that pass them on (to ``_decorator``, to
-   ``LockSpec.create``, through ``RWLock._block``). They stay explicit keyword parameters so
-   IDEs and type checkers see them (``tests/unit/test_options.py`` checks that they and
-   this table agree). Everything else reads this table.
+3. the signatures of the public functions that take it: ``distributed_lock`` and ``distributed_semaphore`` in
+   ``aspect.py``; ``LockClient.lock``, ``fair_lock``, ``multi_lock``, ``semaphore`` and ``RWLock.read`` /
+   ``write`` in ``client.py`` (and :meth:`LockSpec.create` here), and the bodies that pass them on (to
+   ``_decorator``, to ``LockSpec.create``, through ``RWLock._block``). They stay explicit keyword parameters so
+   IDEs and type checkers see them (``tests/unit/test_options.py`` checks that they and this table agree).
+   Everything else reads this table.
 """
 
 from __future__ import annotations
@@ -42,7 +40,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from . import _policy
+from . import _policy, _scope
 from .errors import ConfigurationError, KeyTemplateError
 from .executor import check_executor
 from .keys import KeyTemplate
@@ -270,6 +268,8 @@ OPTIONS: Final[tuple[Option, ...]] = (
     Option("on_failure", None, _callable("on_failure"), Surface.DECORATOR | Surface.POLICY),
     # TOML: only executor = "inline" (the validator refuses other strings).
     Option("executor", None, _executor, Surface.DECORATOR | Surface.POLICY | Surface.TOML),
+    Option("scope", "session", _scope.check_scope, Surface.DECORATOR | Surface.CLIENT),
+    Option("connection", None, _scope.check_connection, Surface.DECORATOR | Surface.CLIENT, none_is_unset=True),
 )
 
 BY_NAME: Final[Mapping[str, Option]] = {option.name: option for option in OPTIONS}
@@ -337,6 +337,7 @@ def check(values: Mapping[str, Any]) -> dict[str, Any]:
     for rule in RULES:
         if rule.broken(everything):
             raise ConfigurationError(rule.message)
+    _scope.check_rules(everything)
     return checked
 
 

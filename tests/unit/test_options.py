@@ -59,6 +59,9 @@ TABLE: dict[str, tuple[list[Any], list[tuple[Any, type[Exception]]]]] = {
     "fair": ([True, False], [("yes", TE), (1, TE), (None, TE)]),
     "permits": ([1, 4], [(0, CE), (-1, CE), ("2", TE), (True, TE), (2.0, TE)]),
     "mode": ([None, "read", "write"], [("rw", CE), ("READ", CE), (1, TE)]),
+    # "transaction" needs connection= (tests/integration/test_postgres_xact.py), and connection= needs it.
+    "scope": (["session"], [("global", CE), ("transaction", CE), (1, TE)]),
+    "connection": ([None], [(object(), CE), ("conn", CE)]),
 }
 
 
