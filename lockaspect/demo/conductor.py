@@ -75,7 +75,7 @@ def run_demo(options: DemoOptions, *, reporter: Reporter | None = None) -> int:
                 url = options.url
             return _run(options, url, out, embedded=server is not None)
         except KeyboardInterrupt:
-            out.line("interrupted: stopping the workers and the server")
+            out.line("interrupted: stopping the workers" + (" and the server" if server is not None else ""))
             return 130
         finally:
             if server is not None:
