@@ -2,6 +2,8 @@
 
     lockaspect demo [--url URL] [--workers N] [--quick] [--unsafe] [--plain]
 
+``--url`` is a Redis server or a SQLite file (``sqlite:///demo.db``).
+
 Subcommands are registered in :func:`build_parser`; each sets ``handler`` to a function
 taking the parsed arguments and returning the exit status. (``inspect`` and ``release``
 are planned.) Heavy imports happen inside the handlers, so ``lockaspect --help`` is fast.
@@ -58,8 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument(
         "--url",
-        help="use this Redis/Valkey server (redis://host:port/db) instead of starting an embedded one; "
-        "the demo writes only keys under 'lockaspect-demo:' and deletes them at the end",
+        help="use this Redis/Valkey server (redis://host:port/db) instead of starting an embedded one, "
+        "or a SQLite file and no server at all (sqlite:///demo.db, sqlite:////abs/path.db); "
+        "the demo writes only keys (rows) under 'lockaspect-demo:' and deletes them at the end",
     )
     demo.add_argument("--workers", type=_workers, default=4, metavar="N", help="worker processes (default: 4)")
     demo.add_argument("--quick", action="store_true", help="a smaller, faster run (a few seconds)")

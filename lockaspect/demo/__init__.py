@@ -1,6 +1,8 @@
-"""``lockaspect demo``: a flash sale run by several worker processes on one lock store.
+"""``lockaspect demo``: a flash sale run by several worker processes on one lock store: a
+Redis server (embedded, or ``--url redis://...``) or a SQLite file (``--url sqlite:///...``,
+no server at all).
 
-What it shows, with real processes on a real server:
+What it shows, with real processes on a real store:
 
 * **One order per user.** Users double-click and retry. ``place_order(user, voucher)`` is
   decorated with ``@distributed_lock(key="order:<user.id>")``; inside the lock a plain
@@ -14,20 +16,23 @@ What it shows, with real processes on a real server:
   first lease would have ended.
 * **The lost-lock signal and fencing.** A worker holding ``ledger:<book>`` is frozen with
   SIGSTOP for longer than its lease. Another worker takes the lock (a larger fencing token)
-  and writes the ledger through :class:`~lockaspect.fencing.RedisFence`. When the frozen
-  worker is continued it tries its own fenced write with its old token: rejected. Its
-  lease reports ``lost``, its ``on_lost`` hook runs, and the decorated call raises
-  :class:`~lockaspect.LockLost` instead of returning as if it had been protected.
+  and writes the ledger through a fence (:class:`~lockaspect.fencing.RedisFence` on Redis,
+  on SQLite the fenced ``UPDATE ... WHERE fence <= :token`` of :mod:`lockaspect.fencing`).
+  When the frozen worker is continued it tries its own fenced write with its old token:
+  rejected. Its lease reports ``lost``, its ``on_lost`` hook runs, and the decorated call
+  raises :class:`~lockaspect.LockLost` instead of returning as if it had been protected.
 
 The parent process is the conductor: it hands out work to the workers over one pipe each,
 sends the signals, and checks the invariants against the store at the end. Exit status 0
 when every invariant holds, 1 otherwise.
 
 The demo is an application of the library: it uses only the public API (``lockaspect``,
-``lockaspect.fencing``, ``lockaspect.testing``) and redis-py for the shop's own data.
+``lockaspect.fencing``, ``lockaspect.testing``), and for the shop's own data redis-py or the
+standard library's ``sqlite3`` (``data``), in the same store as the locks.
 Run it with ``lockaspect demo`` or ``python -m lockaspect demo``. The modules:
 
 * ``scenario``: settings, constants, the users' requests;
+* ``data``: the shop's data (stock, orders, customers, the fenced ledger) on Redis or SQLite;
 * ``workers``: the worker processes and the shop's decorated functions;
 * ``conductor``: :func:`run_demo`, the parent process from start to verdict;
 * ``pool``: the parent's side of the workers (state, start, stop);

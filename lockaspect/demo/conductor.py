@@ -1,6 +1,6 @@
-"""The parent process: start the server (or use ``--url``), prepare the sale, run the
-workers through the story, and judge the invariants. :func:`run_demo` is what
-``lockaspect demo`` calls."""
+"""The parent process: start the server (or use ``--url``: a Redis server, or a SQLite file
+and no server at all), prepare the sale, run the workers through the story, and judge the
+invariants. :func:`run_demo` is what ``lockaspect demo`` calls."""
 
 from __future__ import annotations
 
@@ -13,12 +13,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-import redis
+from lockaspect import LockClient, LockError
 
-from lockaspect import LockClient
-
+from .data import DataUnavailable, ShopData, open_data, resolve_url
 from .invariants import rows
 from .pool import DemoFailed, Run, elapsed, start_workers, stop_workers
 from .report import Progress, Reporter, make_reporter
@@ -76,7 +75,7 @@ def run_demo(options: DemoOptions, *, reporter: Reporter | None = None) -> int:
                 url = options.url
             return _run(options, url, out, embedded=server is not None)
         except KeyboardInterrupt:
-            out.line("interrupted: stopping the workers and the server")
+            out.line("interrupted: stopping the workers" + (" and the server" if server is not None else ""))
             return 130
         finally:
             if server is not None:
@@ -104,28 +103,36 @@ def _terminate_as_interrupt() -> Iterator[None]:
 
 
 def _run(options: DemoOptions, url: str, out: Reporter, *, embedded: bool) -> int:
-    """One run on the server at ``url``; the demo's keys are deleted at the end, whatever happens."""
+    """One run on the store at ``url``; the demo's data is deleted at the end, whatever happens."""
     prefix = f"lockaspect-demo:{uuid.uuid4().hex[:8]}:"
-    store = redis.Redis.from_url(url, socket_timeout=10)
+    try:
+        url = resolve_url(url)  # a relative SQLite path made absolute, for every process
+        store = open_data(url, prefix, create=True)
+    except DataUnavailable as exc:
+        print(f"lockaspect demo: {exc}", file=sys.stderr)
+        return 1
     try:
         try:
-            store.ping()
-        except redis.RedisError as exc:
-            print(f"lockaspect demo: cannot reach {url}: {exc}", file=sys.stderr)
+            probe_client = LockClient.from_url(url, namespace=prefix + "locks:")
+        except LockError as exc:
+            print(f"lockaspect demo: cannot open the lock store at {url}: {exc}", file=sys.stderr)
             return 1
-        run, progress = _prepare(options, url, prefix, out, store, embedded=embedded)
-        _perform(run, progress, options.workers)
+        try:
+            run, progress = _prepare(options, url, prefix, out, store, embedded=embedded)
+            _perform(run, progress, options.workers, probe_client)
+        finally:
+            probe_client.close()
         return _verdict(run, progress, store)
     finally:
         try:
-            _cleanup(store, prefix)
-        except redis.RedisError:
+            store.cleanup()
+        except store.errors:
             pass
         store.close()
 
 
 def _prepare(
-    options: DemoOptions, url: str, prefix: str, out: Reporter, store: Any, *, embedded: bool
+    options: DemoOptions, url: str, prefix: str, out: Reporter, store: ShopData, *, embedded: bool
 ) -> tuple[Run, Progress]:
     """Stock the shop, line up the requests, and say what is about to happen."""
     settings = QUICK if options.quick else FULL
@@ -133,7 +140,7 @@ def _prepare(
     run = Run(settings, url, prefix, options.unsafe, out)
     run.requests.extend(requests)
     run.requests_per_user = per_user
-    store.set(prefix + f"stock:{VOUCHER}", settings.stock)
+    store.set_stock(VOUCHER, settings.stock)
     progress = Progress(len(requests), settings.stock, settings.report_seconds, settings.lease)
     mode = "WITHOUT locks (--unsafe)" if options.unsafe else "with lockaspect locks"
     out.line(
@@ -141,15 +148,14 @@ def _prepare(
         f"{len(requests)} requests, {options.workers} worker processes, {settings.lease:g}s watchdog lease"
     )
     if not embedded:
-        out.line(f"on {url}: the demo's keys live under {prefix!r} and are deleted at the end")
+        out.line(f"on {store.where}: {store.footprint}")
     return run, progress
 
 
-def _perform(run: Run, progress: Progress, workers: int) -> None:
+def _perform(run: Run, progress: Progress, workers: int, probe_client: LockClient) -> None:
     """Start the workers, conduct the sale and the story, and stop the workers again.
     A failure of the run itself is recorded in ``run.failures``."""
     out = run.reporter
-    probe_client = LockClient.from_url(run.url, namespace=run.prefix + "locks:")
     run.t0 = time.monotonic()
     completed = False
     try:
@@ -164,16 +170,15 @@ def _perform(run: Run, progress: Progress, workers: int) -> None:
         # After a complete run the workers report their counters and exit; otherwise
         # (Ctrl-C, a failure) they are terminated at once.
         stop_workers(run, graceful=completed)
-        probe_client.close()
 
 
-def _verdict(run: Run, progress: Progress, store: Any) -> int:
+def _verdict(run: Run, progress: Progress, store: ShopData) -> int:
     """Print the table and the problems; 0 when every invariant held, 1 otherwise."""
     out = run.reporter
     wall = elapsed(run)
     try:
         table = rows(run, progress, store)
-    except redis.RedisError as exc:
+    except store.errors as exc:
         for problem in run.failures:
             out.line(f"problem: {problem}")
         out.line(f"FAILED: could not read the final state from {run.url}: {type(exc).__name__}: {exc}")
@@ -192,10 +197,3 @@ def _verdict(run: Run, progress: Progress, store: Any) -> int:
         "and the frozen worker was told it lost its lock and could not overwrite the ledger."
     )
     return 0
-
-
-def _cleanup(store: Any, prefix: str) -> None:
-    """Delete every key of this run (all under ``prefix``)."""
-    keys = list(store.scan_iter(match=prefix + "*", count=500))
-    for start in range(0, len(keys), 500):
-        store.delete(*keys[start : start + 500])

@@ -4,10 +4,8 @@ against what the workers say they did."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-from lockaspect.fencing import RedisFence
-
+from .data import ShopData
 from .pool import Run
 from .report import Progress, Row
 from .scenario import LEDGER_BOOK, VOUCHER
@@ -36,8 +34,8 @@ class _Sale:
         return self.orders - self.customers
 
 
-def rows(run: Run, progress: Progress, store: Any) -> list[Row]:
-    """The result table; reads the store (and may raise ``redis.RedisError``)."""
+def rows(run: Run, progress: Progress, store: ShopData) -> list[Row]:
+    """The result table; reads the store (and may raise one of ``store.errors``)."""
     sale = _read_sale(run, store)
     stats = [w.stats or {} for w in run.workers]
     renewals = sum(s.get("renewals", 0) for s in stats)
@@ -48,13 +46,12 @@ def rows(run: Run, progress: Progress, store: Any) -> list[Row]:
     return [*_sale_rows(run, progress, sale), _watchdog_row(run, renewals), *_ledger_rows(run, lost, store)]
 
 
-def _read_sale(run: Run, store: Any) -> _Sale:
-    prefix = run.prefix
-    orders = int(store.llen(prefix + "orders"))
-    customers = int(store.scard(prefix + "customers"))
-    left = int(store.get(prefix + f"stock:{VOUCHER}") or 0)
-    expected_duplicates = sum(run.requests_per_user[int(uid)] - 1 for uid in store.smembers(prefix + "customers"))
-    return _Sale(orders, customers, left, run.settings.stock - left, expected_duplicates)
+def _read_sale(run: Run, store: ShopData) -> _Sale:
+    orders = store.order_count()
+    customers = store.customers()
+    left = store.stock_left(VOUCHER)
+    expected_duplicates = sum(run.requests_per_user[uid] - 1 for uid in customers)
+    return _Sale(orders, len(customers), left, run.settings.stock - left, expected_duplicates)
 
 
 def _sale_rows(run: Run, progress: Progress, sale: _Sale) -> list[Row]:
@@ -122,17 +119,16 @@ def _watchdog_row(run: Run, renewals: int) -> Row:
     )
 
 
-def _ledger_rows(run: Run, lost: int, store: Any) -> list[Row]:
+def _ledger_rows(run: Run, lost: int, store: ShopData) -> list[Row]:
     """The frozen worker was told it lost its lock, and its stale write was rejected."""
     settings, ledger = run.settings, run.ledger
     zombie = ledger.result or {}
     detected = int(bool(zombie.get("lock_lost") and zombie.get("lease_lost") and zombie.get("hook")))
     stale_rejected = int(zombie.get("written") is False)
     rescued = ledger.rescued or {}
-    fence = RedisFence(store, namespace=run.prefix + "fenced:")
-    ledger_value = fence.read(f"ledger:{LEDGER_BOOK}")
-    ledger_text = ledger_value.decode() if ledger_value is not None else "nothing"
-    rescue_ok = bool(rescued.get("written")) and rescued.get("token") == fence.high_water(f"ledger:{LEDGER_BOOK}")
+    ledger_value = store.fenced_read(f"ledger:{LEDGER_BOOK}")
+    ledger_text = ledger_value if ledger_value is not None else "nothing"
+    rescue_ok = bool(rescued.get("written")) and rescued.get("token") == store.high_water(f"ledger:{LEDGER_BOOK}")
     return [
         Row(
             "leases lost",

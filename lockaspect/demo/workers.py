@@ -2,8 +2,9 @@
 parent's tasks.
 
 Each worker is a fresh interpreter with its own :class:`~lockaspect.LockClient` (configured
-as the default client, so the decorators find it) and a plain Redis client for the shop's
-own data. It answers one task at a time over its pipe to the parent.
+as the default client, so the decorators find it) and its own connection to the shop's
+data (:mod:`.data`: Redis or SQLite, the same store as the locks). It answers one task at
+a time over its pipe to the parent.
 """
 
 from __future__ import annotations
@@ -19,11 +20,9 @@ from contextlib import AbstractContextManager, nullcontext
 from multiprocessing.connection import Connection
 from typing import Any
 
-import redis
-
 from lockaspect import Lease, LockClient, LockLost, LockNotAcquired, configure, current_lease, distributed_lock
-from lockaspect.fencing import RedisFence
 
+from .data import ShopData, open_data
 from .scenario import (
     DELAY_WEIGHT,
     DUPLICATE,
@@ -43,29 +42,24 @@ __all__ = ["Shop", "nightly_report", "place_order", "settle_ledger", "worker_mai
 
 
 class Shop:
-    """One worker process's view of the shop: its lock client, a plain Redis client for
-    the shop's own data, and the pipe to the parent."""
+    """One worker process's view of the shop: its lock client, its connection to the shop's
+    own data, and the pipe to the parent."""
 
-    def __init__(self, client: LockClient, store: Any, prefix: str, settings: Settings, conn: Connection) -> None:
+    def __init__(self, client: LockClient, data: ShopData, settings: Settings, conn: Connection) -> None:
         self.client = client
-        self.store = store
-        self.prefix = prefix
+        self.data = data
         self.settings = settings
         self.conn = conn
-        self.fence = RedisFence(store, namespace=prefix + "fenced:")
         self.unsafe = False
         self.lost = threading.Event()
         self.lost_reason: str | None = None
         self._send_lock = threading.Lock()  # the watchdog thread reports too (logs, hooks)
 
     def has_ordered(self, user: User) -> bool:
-        return bool(self.store.sismember(self.prefix + "customers", user.id))
+        return self.data.has_ordered(user.id)
 
     def record_order(self, user: User, voucher: str) -> None:
-        pipe = self.store.pipeline(transaction=True)
-        pipe.rpush(self.prefix + "orders", f"{user.id}:{voucher}")
-        pipe.sadd(self.prefix + "customers", user.id)
-        pipe.execute()
+        self.data.record_order(user.id, voucher)
 
     def stock_lock(self, voucher: str) -> AbstractContextManager[object]:
         if self.unsafe:
@@ -73,10 +67,10 @@ class Shop:
         return self.client.lock(f"stock:{voucher}", wait=STOCK_WAIT, delay_weight=DELAY_WEIGHT)
 
     def stock_left(self, voucher: str) -> int:
-        return int(self.store.get(self.prefix + f"stock:{voucher}") or 0)
+        return self.data.stock_left(voucher)
 
     def set_stock(self, voucher: str, left: int) -> None:
-        self.store.set(self.prefix + f"stock:{voucher}", left)
+        self.data.set_stock(voucher, left)
 
     def tell(self, *message: Any) -> None:
         with self._send_lock:
@@ -164,7 +158,7 @@ def settle_ledger(book: str, writer: str, before_write: Callable[[Lease], None])
     lease.check()  # still ours here ...
     before_write(lease)  # ... a pause longer than the lease ...
     # ... and the write. Only the fence can tell that this token is stale by now.
-    return shop().fence.write(
+    return shop().data.fenced_write(
         f"ledger:{book}", f"settled by {writer} with fencing token {lease.fencing_token}", lease.fencing_token
     )
 
@@ -229,7 +223,7 @@ def _ledger_rescue(index: int, task: tuple[Any, ...]) -> tuple[Any, ...]:
     """Take the ledger lock from the frozen worker and write the ledger."""
     written = settle_ledger(LEDGER_BOOK, f"worker {index}", _no_pause)
     # After our write the resource's high-water mark is our fencing token.
-    token = shop().fence.high_water(f"ledger:{LEDGER_BOOK}")
+    token = shop().data.high_water(f"ledger:{LEDGER_BOOK}")
     return ("done", "ledger_rescue", {"written": written, "token": token})
 
 
@@ -260,8 +254,8 @@ def worker_main(index: int, conn: Connection, url: str, prefix: str, settings: S
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C for everyone
     client = LockClient.from_url(url, namespace=prefix + "locks:", watchdog_lease=settings.lease, tick=TICK)
     configure(client)
-    store = redis.Redis.from_url(url, socket_timeout=10)
-    _shop = shop = Shop(client, store, prefix, settings, conn)
+    data = open_data(url, prefix)
+    _shop = shop = Shop(client, data, settings, conn)
     shop.unsafe = unsafe
     library_log = logging.getLogger("lockaspect")
     library_log.addHandler(_ForwardToParent(shop))
@@ -285,4 +279,4 @@ def worker_main(index: int, conn: Connection, url: str, prefix: str, settings: S
         return
     finally:
         client.close()
-        store.close()
+        data.close()

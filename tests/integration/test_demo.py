@@ -1,4 +1,5 @@
-"""``lockaspect demo`` end to end: real worker processes, real signals, a real server.
+"""``lockaspect demo`` end to end: real worker processes, real signals, a real server (or a
+real SQLite file).
 
 The demo checks its own invariants and exits 1 when one fails; these tests run it the way
 a user does (``python -m lockaspect demo``) and read the figures from its final table.
@@ -13,11 +14,13 @@ import os
 import pty
 import re
 import select
+import sqlite3
 import struct
 import subprocess
 import sys
 import termios
 import time
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -164,6 +167,101 @@ def test_demo_starts_and_stops_its_own_server_in_a_terminal() -> None:
     assert workers is not None, output
     for pid in re.findall(r"pid (\d+)", workers.group(1)):
         assert gone(int(pid)), f"worker pid {pid} is still running"
+
+
+def demo_rows_left(database: Path, prefix: str) -> dict[str, int]:
+    """How many rows of the run ``prefix`` each table of the SQLite file still holds."""
+    conn = sqlite3.connect(database)
+    try:
+        tables = [name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        left: dict[str, int] = {}
+        for table in tables:
+            if table.startswith("lockaspect_demo_"):
+                (count,) = conn.execute(f"SELECT count(*) FROM {table} WHERE run = ?", (prefix,)).fetchone()
+            elif table.startswith("lockaspect_"):
+                (count,) = conn.execute(
+                    f"SELECT count(*) FROM {table} WHERE substr(name, 1, ?) = ?", (len(prefix), prefix)
+                ).fetchone()
+            else:
+                continue
+            left[table] = count
+        return left
+    finally:
+        conn.close()
+
+
+def run_on_sqlite(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], Path, str]:
+    """Run the quick demo on ``sqlite:///demo.db`` in ``tmp_path`` (a path relative to the
+    working directory, as a user types it); return the result, the file and the run's prefix."""
+    result = subprocess.run(
+        demo_command("--url", "sqlite:///demo.db", *args),
+        capture_output=True,
+        text=True,
+        timeout=DEMO_TIMEOUT,
+        env=demo_env(),
+        stdin=subprocess.DEVNULL,
+        cwd=tmp_path,
+    )
+    output = result.stdout + result.stderr
+    database = tmp_path / "demo.db"
+    # No server: it says where the database is (absolute), and that its rows go at the end.
+    assert "started embedded" not in output
+    match = re.search(
+        r"^on (/\S+): the demo's rows \(run '([^']+)'.* are deleted at the end", result.stdout, re.MULTILINE
+    )
+    assert match is not None, output
+    assert match.group(1) == str(database.resolve())
+    prefix = match.group(2)
+    left = demo_rows_left(database, prefix)
+    assert {"lockaspect_demo_orders", "lockaspect_holds", "lockaspect_fences"} <= set(left), left
+    assert not any(left.values()), f"the demo left rows behind: {left}"
+    workers = re.search(r"^workers: (.*)$", result.stdout, re.MULTILINE)
+    assert workers is not None, output
+    for pid in re.findall(r"pid (\d+)", workers.group(1)):
+        assert gone(int(pid)), f"worker pid {pid} is still running"
+    return result, database, prefix
+
+
+@pytest.mark.slow
+def test_demo_on_sqlite(tmp_path: Path) -> None:
+    result, _, _ = run_on_sqlite(tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    check_figures(result.stdout)
+
+
+@pytest.mark.slow
+def test_demo_on_sqlite_without_the_locks_fails(tmp_path: Path) -> None:
+    result, _, _ = run_on_sqlite(tmp_path, "--unsafe")
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output
+    assert "FAILED: invariants violated (as expected without the locks)" in output
+    numbers = figures(result.stdout)
+    ordered_twice = re.search(r"(\d+) user\(s\) ordered twice", result.stdout)
+    assert numbers["oversold"] > 0 or ordered_twice is not None, output
+    # The story that needs no shop lock still holds: the fence rejects the stale write.
+    assert numbers["stale writes rejected"] >= 1
+
+
+@pytest.mark.parametrize(
+    ("url", "error"),
+    [
+        ("sqlite:///{tmp}/missing/demo.db", "the directory '{tmp}/missing' does not exist"),
+        ("sqlite://host/demo.db", "a SQLite URL is sqlite:///<relative path> or sqlite:////<absolute path>"),
+        ("sqlite:///:memory:", "need a database file"),
+        ("nosuchstore://x", "the demo runs on redis://"),
+    ],
+)
+def test_demo_with_an_unusable_url_fails_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], url: str, error: str
+) -> None:
+    from lockaspect.demo import DemoOptions, run_demo
+
+    tmp = str(tmp_path)
+    assert run_demo(DemoOptions(url=url.format(tmp=tmp), plain=True)) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert error.format(tmp=tmp) in err
+    assert not (tmp_path / "missing").exists()
 
 
 class FakeTerminal(io.StringIO):
