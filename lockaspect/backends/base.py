@@ -133,6 +133,9 @@ class AcquireResult(NamedTuple):
             (a multi-key request; a single key's answer may leave it empty).
         busy: When not acquired, the key to wait on (the busy key of a multi-key request);
             ``None``: the request's (first) key.
+        retry_after: When not acquired, the store's advice on when to try again, in seconds,
+            if sooner than ``holder_ttl`` says (a store whose waiters poll: the head of a fair
+            queue polls often, the others less); ``None``: ``holder_ttl`` bounds the wait.
     """
 
     acquired: bool
@@ -143,6 +146,7 @@ class AcquireResult(NamedTuple):
     valid_for: float | None = None
     fencing_tokens: tuple[int, ...] = ()
     busy: str | None = None
+    retry_after: float | None = None
 
 
 class ReleaseResult(enum.IntEnum):

@@ -177,7 +177,7 @@ class Waiting:
         self.pause = _policy.retry_sleep(
             now=now,
             deadline=deadline,
-            holder_ttl=self.result.holder_ttl,
+            holder_ttl=self.result.holder_ttl if self.result.retry_after is None else self.result.retry_after,
             attempt=self.attempt,
             # a fair waiter that cannot hear its wake-up still re-checks often enough to keep its
             # place (FAIR_SUBSCRIBE_GRACE)

@@ -31,6 +31,12 @@ _T = TypeVar("_T")
 QUEUE_TTL = 60.0
 #: A fair acquire looks at most this many waiters at the queue's head for gone ones.
 FAIR_SCAN = 64
+#: Waiters poll (nothing announces a release made by another process): at most this often
+#: apart, in seconds, the head of a fair queue (the lock is promised to it, so it must come
+#: soon), any other waiter, and the rest of a fair queue (well within FAIR_GONE_AFTER).
+POLL_HEAD = 0.01
+POLL_OTHERS = 0.25
+POLL_QUEUED = 1.0
 #: Renewals per statement (five parameters each: far below SQLite's 32,766).
 RENEW_CHUNK = 500
 
@@ -73,6 +79,12 @@ def place(kind: str, token: str) -> tuple[str, str]:
 
 def _hint(ttl: float | None) -> float | None:
     return None if ttl is None else max(0.001, float(ttl))
+
+
+def _busy(ttl: float | None, poll: float, busy: str | None = None) -> AcquireResult:
+    """Busy: the holder's remaining lease ``ttl`` and the advice to retry within ``poll``."""
+    hint = _hint(ttl)
+    return AcquireResult(False, holder_ttl=hint, busy=busy, retry_after=poll if hint is None else min(hint, poll))
 
 
 class TableOps:
@@ -173,7 +185,7 @@ class TableOps:
     def busy(rows: list[Any]) -> AcquireResult:
         """A busy mutex, with the holder's remaining lease as the retry hint (gone meanwhile:
         retry at once)."""
-        return AcquireResult(False, holder_ttl=_hint(rows[0][1]) if rows else 0.001)
+        return _busy(rows[0][1] if rows else 0.001, POLL_OTHERS)
 
     def _lock(self, request: AcquireRequest, info: str | None) -> Op[AcquireResult]:
         """One statement: the claim; a busy key costs a second one for the retry hint."""
@@ -193,8 +205,7 @@ class TableOps:
             rows = yield Query(self.d.claim_at, params)
             if not rows:
                 rows = yield Query(self.d.holder, {"name": name, "space": "lock"})
-                ttl = _hint(rows[0][1]) if rows else 0.001
-                raise Rollback(AcquireResult(False, holder_ttl=ttl, busy=name))
+                raise Rollback(_busy(rows[0][1] if rows else 0.001, POLL_OTHERS, name))
             fences.append(int(rows[0][0]))
         return AcquireResult(True, fences[0], fencing_tokens=tuple(fences))
 
@@ -224,15 +235,16 @@ class TableOps:
             claimed = yield Query(self.d.claim_at, params)
             if not claimed:  # a plain lock of the key took it meanwhile (it does not queue)
                 rows = yield Query(self.d.holder, {"name": name, "space": "lock"})
-                return AcquireResult(False, holder_ttl=_hint(rows[0][1]) if rows else 0.001)
+                return _busy(rows[0][1] if rows else 0.001, POLL_HEAD)
             if waiter is not None:
                 yield Query(self._queue_leave, {**queue, "waiter": waiter})
             return AcquireResult(True, int(claimed[0][0]))
         if waiter is not None:
             yield Query(self._queue_join, {**queue, "waiter": waiter, "now": now})
+        poll = POLL_HEAD if waiter is not None and first in (None, waiter) else POLL_QUEUED
         if held is None:
-            return AcquireResult(False, holder_ttl=FAIR_GONE_AFTER)  # promised to the first waiter
-        return AcquireResult(False, holder_ttl=_hint(held[2]))
+            return _busy(FAIR_GONE_AFTER, poll)  # promised to the first waiter
+        return _busy(held[2], poll)
 
     def _semaphore(self, request: AcquireRequest, info: str | None) -> Op[AcquireResult]:
         """One of ``request.permits`` permits, each with a lease of its own; a number unlike
@@ -258,8 +270,8 @@ class TableOps:
             rows = yield Query(self.d.share_at, params)
             return AcquireResult(True, int(rows[0][0]))
         if not holders:
-            return AcquireResult(False)  # no permits at all: nothing will free up by itself
-        return AcquireResult(False, holder_ttl=_hint(min(ttl for _, _, ttl, _ in holders)))
+            return AcquireResult(False, retry_after=POLL_QUEUED)  # no permits at all (until raised)
+        return _busy(min(ttl for _, _, ttl, _ in holders), POLL_OTHERS)
 
     def _rw(self, request: AcquireRequest, info: str | None) -> Op[AcquireResult]:
         """Many readers or one writer. A writer that made an attempt within FAIR_GONE_AFTER
@@ -306,7 +318,7 @@ class TableOps:
             hint = FAIR_GONE_AFTER  # only waiting writers keep this reader out
         if waiter is not None and writing:
             yield Query(self._queue_join, {**queue, "waiter": waiter, "now": now})
-        return AcquireResult(False, holder_ttl=_hint(hint))
+        return _busy(hint, POLL_OTHERS)
 
     # -- release, re-entry, renewal, queues -----------------------------------------------
 
