@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint typecheck unit bench bench-async clean
+.PHONY: demo test lint typecheck unit bench bench-async bench-sql clean
 
 $(BIN)/python:
 	@$(PYTHON) .ci/bootstrap_venv.py $(VENV)
@@ -48,6 +48,10 @@ bench: $(VENV)/.installed-test
 bench-async: $(VENV)/.installed-test
 	$(BIN)/python -m pip install --quiet -e '.[bench]'
 	$(BIN)/python bench/bench_async.py
+
+## bench-sql: the SQL stores against their raw floors, uncontended and contended (about 3-5 minutes)
+bench-sql: $(VENV)/.installed-test
+	$(BIN)/python bench/bench_sql.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
