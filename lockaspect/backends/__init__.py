@@ -52,6 +52,8 @@ _BUILT_IN = {
     "rediss": "lockaspect.backends.redis.options:open_redis_store",
     "unix": "lockaspect.backends.redis.options:open_redis_store",
     "memory": "lockaspect.backends.memory:open_memory_store",
+    "postgresql": "lockaspect.backends.sql.advisory:open_postgres_store",
+    "postgres": "lockaspect.backends.sql.advisory:open_postgres_store",
 }
 
 
