@@ -115,3 +115,14 @@ class CommandCounter:
 @pytest.fixture
 def commands(raw: Any) -> CommandCounter:
     return CommandCounter(raw)
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[Any]:
+    """A PostgreSQL server for the session (the stand-in of ``tests/_pg_standin.py`` until
+    ``lockaspect.testing.PostgresServer`` and its plugin fixture land)."""
+    from tests._pg_standin import PostgresServer
+
+    server = PostgresServer().start()
+    yield server
+    server.stop()

@@ -1,6 +1,7 @@
 """The contract suite's fixtures: every test runs on each store (``memory``: a
 :class:`~lockaspect.backends.memory.MemoryStore`; ``redis``: the session's Valkey server from
-:class:`~lockaspect.testing.LockServer`), through the public API only, so it keeps passing
+:class:`~lockaspect.testing.LockServer`; ``postgres``: session advisory locks on the session's
+PostgreSQL server), through the public API only, so it keeps passing
 while the engine behind it is rewritten.
 
 ``kind`` names how a test takes a lock: ``lock``, ``fair``, ``semaphore`` (one permit: as
@@ -20,9 +21,10 @@ from lockaspect import Lease, LockClient, MultiLease
 from lockaspect.backends.base import AdminStore, Capability, Store
 from lockaspect.backends.memory import MemoryStore
 from lockaspect.backends.redis import RedisBackend
+from lockaspect.backends.sql.advisory import open_postgres_store
 from lockaspect.testing import LockServer
 
-STORES = ["memory", "redis"]
+STORES = ["memory", "redis", "postgres"]
 #: Kinds that let one holder in at a time.
 EXCLUSIVE = ["lock", "fair", "semaphore", "write", "multi"]
 ALL_KINDS = [*EXCLUSIVE, "read"]
@@ -44,6 +46,9 @@ def make_store(store_name: str, request: pytest.FixtureRequest) -> Iterator[Call
         store: Store
         if store_name == "memory":
             store = MemoryStore(name=f"contract-{tag}")
+        elif store_name == "postgres":
+            postgres = request.getfixturevalue("postgres_server")
+            store = open_postgres_store(postgres.url, namespace=f"c-{tag}:")
         else:
             server: LockServer = request.getfixturevalue("lock_server")
             store = RedisBackend.from_url(server.url, namespace=f"c-{tag}:")
@@ -90,6 +95,13 @@ def skip_unless_served(client: LockClient, kind: str) -> None:
             pytest.skip(f"{backend!r} has no multi-key locks")
     elif kind not in backend.kinds:
         pytest.skip(f"{backend!r} does not serve {kind!r}")
+
+
+def skip_if_session_bound(store: Store, why: str) -> None:
+    """Skip a test that cannot apply to a store whose holds live with a session
+    (``Capability.SESSION_BOUND``: no lease expires by itself while the session lives)."""
+    if store.capabilities & Capability.SESSION_BOUND:
+        pytest.skip(f"{store!r} is SESSION_BOUND: {why}")
 
 
 def block(client: LockClient, kind: str, key: str, **options: Any) -> Any:

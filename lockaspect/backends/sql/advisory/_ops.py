@@ -135,7 +135,7 @@ class Core:
         objkey = lock_key(self.namespace, key)
         session = None
         with self.lock:
-            hold = self.table.held(token, key)
+            hold = self.table.live(token, key)
             if hold is not None:
                 return AcquireResult(True, hold.fence)
             claimed = self._claim(request, key, objkey, shared)
@@ -217,7 +217,7 @@ class Core:
         assert permits is not None
         slots = slot_keys(self.namespace, key, permits)
         with self.lock:
-            hold = self.table.held(token, key)
+            hold = self.table.live(token, key)
             if hold is not None:
                 return AcquireResult(True, hold.fence)
             pending = self.table.wait_of(key, waiter)
@@ -262,7 +262,7 @@ class Core:
         for key in request.keys:
             objkey = lock_key(self.namespace, key)
             with self.lock:
-                hold = self.table.held(token, key)
+                hold = self.table.live(token, key)
                 if hold is None:
                     pending = self.table.wait_of(key, waiter)
                     if pending is not None and pending.state == GRANTED:

@@ -26,7 +26,7 @@ from ....errors import BackendError, ConfigurationError, LockError
 from . import _sql
 from ._options import Settings
 
-__all__ = ["Pool", "Session", "SessionBase", "schema_error", "setup_statements", "store_error"]
+__all__ = ["Pool", "PoolBase", "Session", "SessionBase", "schema_error", "setup_statements", "store_error"]
 
 log = logging.getLogger("lockaspect.postgres")
 
@@ -139,42 +139,28 @@ class Session(SessionBase):
                     self.undo.clear()
 
 
-class Pool:
-    """The thread store's sessions (see the module docstring)."""
+_OPEN = object()  # a pool's answer: open a new session
 
-    def __init__(self, settings: Settings, lock: threading.Lock, on_schema: Callable[[psycopg.Connection[Any]], None]) -> None:
+
+class PoolBase:
+    """The choices of a pool of sessions (no I/O): which session a statement or a queued wait
+    takes, and which close. The store's lock guards it."""
+
+    sessions: list[Any]
+
+    def __init__(self, settings: Settings, lock: threading.Lock) -> None:
         self.settings = settings
         self.lock = lock  # the store's lock
-        self.sessions: list[Session] = []
+        self.sessions = []
         self.opening = 0
         self.closed = False
-        self._on_schema = on_schema
 
-    def open(self) -> Session:
-        """A new session, set up (its first, on a fresh client, checks the schema)."""
-        settings = self.settings
-        try:
-            conn = psycopg.connect(settings.url, **settings.connect_kwargs())
-        except psycopg.Error as exc:
-            raise store_error(exc, None, settings.shown) from None
-        try:
-            self._on_schema(conn)
-            version = conn.info.server_version
-            for statement in setup_statements(settings, version):
-                conn.execute(statement)
-            session = Session(conn, conn.info.backend_pid)
-        except BaseException as exc:
-            conn.close()
-            if isinstance(exc, psycopg.Error):
-                raise store_error(exc, None, settings.shown) from None
-            raise
-        return session
-
-    def take(self, avoid: frozenset[int]) -> Session:
-        """Reserve a holder session for a statement (opening one while under ``pool_size``):
-        the least used, preferring one that holds none of ``avoid`` (a session may take again
-        what it holds, past the server's queue)."""
-        stale: list[Session] = []
+    def _choose(self, avoid: frozenset[int]) -> tuple[Any, list[Any]]:
+        """A holder session reserved for a statement, or ``_OPEN`` (one more while under
+        ``pool_size``): the least used, preferring one that holds none of ``avoid`` (a session
+        may take again what it holds, past the server's queue). Also the stale sessions
+        dropped (to close)."""
+        stale: list[Any] = []
         with self.lock:
             if self.closed:
                 raise ConfigurationError("the PostgreSQL store is closed")
@@ -191,27 +177,12 @@ class Pool:
             grow = len(usable) + self.opening < self.settings.pool_size
             if best is not None and not (grow and (best.users or best.count)):
                 best.users += 1
-                return best
+                return best, stale
             self.opening += 1
-        for session in stale:
-            _close(session)
-        try:
-            session = self.open()
-        finally:
-            with self.lock:
-                self.opening -= 1
-        with self.lock:
-            session.users = 1
-            self.sessions.append(session)
-        return session
+            return _OPEN, stale
 
-    def _stale(self, session: SessionBase, now: float) -> bool:
-        """An empty session the server may have ended for idling (or that failed)."""
-        idle = self.settings.idle_session_timeout
-        return session.lost is not None or session.suspect or bool(idle and now - session.last > idle * 0.75)
-
-    def for_wait(self, pending: Any) -> Session | None:
-        """An empty session for a queued wait (``None``: ``max_waiters`` wait already)."""
+    def _choose_wait(self, pending: Any) -> Any:
+        """An empty session for a queued wait, ``_OPEN``, or ``None`` (``max_waiters`` wait)."""
         with self.lock:
             if self.closed:
                 return None
@@ -224,29 +195,36 @@ class Pool:
             if waiting + self.opening >= self.settings.max_waiters:
                 return None
             self.opening += 1
-        try:
-            session = self.open()
-        finally:
-            with self.lock:
-                self.opening -= 1
+            return _OPEN
+
+    def _opened(self, session: Any, pending: Any = None) -> None:
         with self.lock:
-            session.waiting = pending
+            self.opening -= 1
+            if session is None:
+                return
+            if pending is None:
+                session.users = 1
+            else:
+                session.waiting = pending
             self.sessions.append(session)
             if self.closed:
                 session.lose("the store was closed")
-        return session
 
-    def done(self, session: Session) -> None:
-        """A statement on ``session`` finished (or its wait ended): close it if it is lost,
-        or empty and surplus."""
+    def _stale(self, session: SessionBase, now: float) -> bool:
+        """An empty session the server may have ended for idling (or that failed)."""
+        idle = self.settings.idle_session_timeout
+        return session.lost is not None or session.suspect or bool(idle and now - session.last > idle * 0.75)
+
+    def _done(self, session: Any) -> bool:
+        """A statement on ``session`` finished (or its wait ended): whether to close it (lost,
+        or empty and surplus)."""
         with self.lock:
             session.last = time.monotonic()
             session.users = max(0, session.users - 1)
             drop = self._surplus(session)
             if drop and session in self.sessions:
                 self.sessions.remove(session)
-        if drop:
-            _close(session)
+        return drop
 
     def _surplus(self, session: SessionBase) -> bool:
         if session.users or session.waiting is not None:
@@ -259,17 +237,13 @@ class Pool:
             return False
         return session.suspect or len(self.sessions) > self.settings.pool_size
 
-    def close(self) -> list[Session]:
-        """Close every session (their locks free in the server); the waits' sessions are
-        returned for their cancels."""
+    def _close_all(self) -> tuple[list[Any], list[Any]]:
+        """Mark closed: (sessions to close now, sessions busy with a statement or a wait)."""
         with self.lock:
             self.closed = True
             sessions, self.sessions = self.sessions, []
-        waits = [s for s in sessions if s.waiting is not None or s.users]
-        for session in sessions:
-            if session.waiting is None and not session.users:
-                _close(session)
-        return waits
+        busy = [s for s in sessions if s.waiting is not None or s.users]
+        return [s for s in sessions if s not in busy], busy
 
     def forget(self) -> None:
         """A forked child: the parent's sockets are not ours; drop them unclosed."""
@@ -277,6 +251,71 @@ class Pool:
         self.opening = 0
         for session in sessions:
             detach(session)
+
+
+class Pool(PoolBase):
+    """The thread store's sessions (see the module docstring)."""
+
+    def __init__(self, settings: Settings, lock: threading.Lock, on_schema: Callable[[psycopg.Connection[Any]], None]) -> None:
+        super().__init__(settings, lock)
+        self._on_schema = on_schema
+
+    def open(self) -> Session:
+        """A new session, set up (its first, on a fresh client, checks the schema)."""
+        settings = self.settings
+        try:
+            conn = psycopg.connect(settings.url, **settings.connect_kwargs())
+        except psycopg.Error as exc:
+            raise store_error(exc, None, settings.shown) from None
+        try:
+            self._on_schema(conn)
+            for statement in setup_statements(settings, conn.info.server_version):
+                conn.execute(statement)
+            session = Session(conn, conn.info.backend_pid)
+        except BaseException as exc:
+            conn.close()
+            if isinstance(exc, psycopg.Error):
+                raise store_error(exc, None, settings.shown) from None
+            raise
+        return session
+
+    def take(self, avoid: frozenset[int]) -> Session:
+        """Reserve a holder session for a statement (see :meth:`PoolBase._choose`)."""
+        session, stale = self._choose(avoid)
+        for old in stale:
+            _close(old)
+        if session is not _OPEN:
+            return session  # type: ignore[no-any-return]
+        opened = None
+        try:
+            opened = self.open()
+        finally:
+            self._opened(opened)
+        return opened
+
+    def for_wait(self, pending: Any) -> Session | None:
+        """An empty session for a queued wait (``None``: ``max_waiters`` wait already)."""
+        session = self._choose_wait(pending)
+        if session is not _OPEN:
+            return session  # type: ignore[no-any-return]
+        opened = None
+        try:
+            opened = self.open()
+        finally:
+            self._opened(opened, pending)
+        return opened
+
+    def done(self, session: Session) -> None:
+        if self._done(session):
+            _close(session)
+
+    def close(self) -> list[Session]:
+        """Close every idle session (the server frees their locks at once); the busy ones
+        are returned (their statements are cancelled; they close when done)."""
+        idle, busy = self._close_all()
+        for session in idle:
+            _close(session)
+        return busy
 
 
 def detach(session: SessionBase) -> None:

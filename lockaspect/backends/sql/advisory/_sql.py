@@ -26,6 +26,7 @@ __all__ = [
     "LOCK_KEY",
     "PERMITS",
     "PROBE",
+    "QUEUED",
     "SCHEMA",
     "SCHEMA_CHECK",
     "SEM_ACQUIRE",
@@ -172,6 +173,13 @@ HOLDERS: Final = (
     f"SELECT DISTINCT l.pid FROM pg_locks l WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted"
     " AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
     f" AND {LOCK_KEY} = ANY(%(keys)s)"
+)
+
+#: Whether session ``%(pid)s`` is in the advisory key's queue (or was granted it): a queued
+#: wait counts as queued, for the attempt that made it, once the server shows it here.
+QUEUED: Final = (
+    "SELECT EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.objsubid = 1"
+    f" AND l.pid = %(pid)s AND {LOCK_KEY} = %(k)s)"
 )
 
 #: End a session (its locks free at once); waits up to 5 s for it to be gone.

@@ -71,6 +71,8 @@ class Pending:
     done: threading.Event = field(default_factory=threading.Event)
     #: Set when the wait is over for good: claimed, or left (its runner may stop watching).
     over: threading.Event = field(default_factory=threading.Event)
+    #: Set when its runner is done with it (a cancelled wait's lock, if it got one, is unlocked).
+    settled: threading.Event = field(default_factory=threading.Event)
     #: The waiter left while the statement ran: a lock it still gets is unlocked at once.
     cancelled: bool = False
     listeners: list[Callable[[], None]] = field(default_factory=list)
@@ -104,6 +106,14 @@ class Table:
     def held(self, token: str, key: str) -> Hold | None:
         return self.holds.get((token, key))
 
+    def live(self, token: str, key: str) -> Hold | None:
+        """``token``'s hold of ``key`` if its session lives (a lost one's is forgotten)."""
+        hold = self.holds.get((token, key))
+        if hold is not None and hold.session.lost is not None:
+            self.remove(hold)
+            return None
+        return hold
+
     def add(self, hold: Hold) -> None:
         self.holds[(hold.token, hold.key)] = hold
         self.by_objkey.setdefault(hold.objkey, []).append(hold)
@@ -128,8 +138,8 @@ class Table:
         """Whether another owner of this client holds ``objkey`` in a conflicting mode (or a
         granted wait of another waiter keeps it for that waiter)."""
         for hold in self.by_objkey.get(objkey, ()):
-            if hold.token in (token, below):
-                continue
+            if hold.token in (token, below) or hold.session.lost is not None:
+                continue  # a lost session's holds are gone in the server
             if not (shared and hold.shared):
                 return True
         for pending in self.pending_by_objkey.get(objkey, ()):

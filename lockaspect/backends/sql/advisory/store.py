@@ -53,6 +53,11 @@ CAPABILITIES = (
 
 #: How long a release waits for the reply of a queued wait of ours that its unlock granted.
 HANDOVER_WAIT = 5.0
+#: How long a queued wait may take to show in the server's queue before the attempt that
+#: made it answers anyway.
+QUEUE_CONFIRM = 2.0
+#: How long leaving the queue waits for the cancelled statement to end.
+LEAVE_WAIT = 5.0
 #: How long a renewal waits for an asyncio twin's loop to probe its session.
 TWIN_PROBE_WAIT = 5.0
 
@@ -181,6 +186,16 @@ class PostgresAdvisoryStore(AdminMixin):
         with self._core.lock:
             self._threads.add(thread)
         thread.start()
+        # The attempt answers once the server has the waiter in its queue: a release right
+        # after it must find the waiter there (an attempt of another owner must not win).
+        delay = 0.0005
+        deadline = time.monotonic() + QUEUE_CONFIRM
+        params = {"pid": session.pid, "k": op.objkey}
+        while not pending.done.is_set() and time.monotonic() < deadline:
+            if self._send(Run(_sql.QUEUED, params, op.key))[1][0][0]:
+                break
+            pending.done.wait(delay)
+            delay = min(delay * 2, 0.05)
         return pending
 
     def _wait(self, pending: Pending, op: Queue) -> None:
@@ -222,6 +237,7 @@ class PostgresAdvisoryStore(AdminMixin):
                     session.waiting = None
                 self._threads.discard(threading.current_thread())
             self._pool.done(session)
+            pending.settled.set()
 
     def _watch_claim(self, pending: Pending) -> None:
         while not pending.over.wait(1.0):
@@ -252,6 +268,8 @@ class PostgresAdvisoryStore(AdminMixin):
                 pending.session.conn.cancel_safe(timeout=5.0)
             except Exception as exc:  # noqa: BLE001 - the connection is gone: so is the wait
                 log.debug("cancelling a queued wait of %r failed: %s", pending.key, exc)
+            # Over only once its statement ended (and a lock it got meanwhile is unlocked).
+            pending.settled.wait(LEAVE_WAIT)
         elif state == GRANTED:
             with pending.session.lock:
                 pending.session.undo.append((pending.objkey, pending.shared))
@@ -281,18 +299,26 @@ class PostgresAdvisoryStore(AdminMixin):
         ``None`` for a session whose probe could not be sent."""
         statuses, by_session, holds = self._core.holds_for(leases)
         for session, items in by_session.items():
-            keys: set[int] | None
             try:
-                if isinstance(session, Session):
-                    _, keys = self._send(Run(_sql.PROBE, {}, leases[items[0]].key, session, after=probe_after), retry=False)
-                else:
-                    keys = session.probe_from_thread(TWIN_PROBE_WAIT)
+                keys = self._probe_one(session)
             except BackendError:
-                if session.lost is None:
-                    continue  # not decided: retried while the lease lasts
-                keys = None
+                continue  # not decided: retried while the lease lasts
             self._core.probed(statuses, items, holds, keys)
         return statuses
+
+    def _probe_one(self, session: Any) -> set[int] | None:
+        """The advisory keys ``session`` holds (``None``: the session is lost); raises
+        :class:`BackendError` when the probe could not decide."""
+        try:
+            if isinstance(session, Session):
+                keys: set[int] | None = self._send(Run(_sql.PROBE, {}, "", session, after=probe_after), retry=False)[1]
+                return keys
+            found: set[int] | None = session.probe_from_thread(TWIN_PROBE_WAIT)
+            return found
+        except BackendError:
+            if session.lost is None:
+                raise
+            return None
 
     def unqueue(self, key: str, waiter: str, kind: str = "lock") -> None:
         """Leave the server's queue: cancel the waiter's blocking statement (or unlock a
