@@ -422,3 +422,12 @@ def _probed(session: Any, rows: list[tuple[Any, ...]]) -> set[int] | None:
 
 
 probe_after = _probed
+
+
+def session_of(op: Any) -> Any:
+    """The session a round trip must run on, if it names one."""
+    if isinstance(op, (Run, Undo)):
+        return op.session
+    if isinstance(op, Leave):
+        return op.pending.session
+    return None

@@ -23,7 +23,7 @@ from ....errors import BackendError, ConfigurationError
 from ...base import KINDS, AcquireRequest, AcquireResult, ReleaseResult, RenewItem, RenewStatus, new_waiter_id
 from . import _sql
 from ._notify import AsyncNotifier
-from ._ops import Core, Leave, Plan, Queue, Run, Undo, probe_after
+from ._ops import Core, Leave, Plan, Queue, Run, Undo, probe_after, session_of as _session_of
 from ._options import Settings
 from ._session import _OPEN, CANCELLED, PoolBase, SessionBase, broken, detach, setup_statements, store_error
 from ._state import CLOSED, FAILED, GONE_AFTER, GRANTED, WAITING, Pending
@@ -190,6 +190,12 @@ class AsyncPostgresAdvisoryStore:
                 error = exc
 
     async def _do(self, op: Any) -> Any:
+        other = _session_of(op)
+        if other is not None and not (isinstance(other, AsyncSession) and other.twin is self):
+            if isinstance(other, AsyncSession):  # another twin's (another loop)
+                return await asyncio.get_running_loop().run_in_executor(None, self._parent._on_twin, other, op)
+            # the thread store's: its driver, in a worker thread
+            return await asyncio.get_running_loop().run_in_executor(None, self._parent._do, op)
         if isinstance(op, Run):
             return await self._send(op)
         if isinstance(op, Queue):

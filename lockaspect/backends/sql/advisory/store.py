@@ -4,6 +4,8 @@ and the Store protocol around them. See the package docstring for what it guaran
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import logging
 import threading
 import time
@@ -27,6 +29,7 @@ from . import _sql
 from ._admin import AdminMixin
 from ._notify import Notifier
 from ._ops import Core, Leave, Plan, Queue, Run, Undo, probe_after
+from ._ops import session_of as _session_of
 from ._options import Settings
 from ._session import CANCELLED, Pool, Session, broken, detach, schema_error, store_error
 from ._state import CLOSED, FAILED, GONE_AFTER, GRANTED, WAITING, Pending
@@ -106,6 +109,9 @@ class PostgresAdvisoryStore(AdminMixin):
                 error = exc
 
     def _do(self, op: Any) -> Any:
+        other = _session_of(op)
+        if other is not None and not isinstance(other, Session):
+            return self._on_twin(other, op)
         if isinstance(op, Run):
             return self._send(op)
         if isinstance(op, Queue):
@@ -121,6 +127,31 @@ class PostgresAdvisoryStore(AdminMixin):
         assert isinstance(op, Pending)
         op.done.wait(HANDOVER_WAIT)
         return None
+
+    @staticmethod
+    def _on_twin(session: Any, op: Any) -> Any:
+        """A round trip on a session of an asyncio twin (a hold taken by async code, released
+        or probed from a thread): run on the twin's loop."""
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is session.loop:
+            raise BackendError(
+                "a lock taken by async code on this event loop cannot be released by sync code running on the loop "
+                "itself (it would block the loop it needs)",
+                key=getattr(op, "key", None),
+            )
+        try:
+            future = asyncio.run_coroutine_threadsafe(session.twin._do(op), session.loop)
+        except RuntimeError:
+            session.lose("its event loop was closed")
+            raise BackendError("the event loop of that lock's session is closed", transient=True) from None
+        try:
+            return future.result(TWIN_PROBE_WAIT * 6)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise BackendError("the event loop of that lock's session did not answer", transient=True) from None
 
     def _send(self, op: Run, retry: bool = True) -> tuple[Session, Any]:
         """Send one statement of a plan; an empty session the server ended meanwhile (idle
