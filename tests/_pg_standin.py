@@ -105,7 +105,7 @@ class PostgresServer:
             try:
                 self.connect().close()
                 return
-            except Exception:
+            except Exception:  # noqa: BLE001 - not accepting connections yet
                 if self._process.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"postgres did not start: {(self._dir / 'log').read_text()[-2000:]}") from None
                 time.sleep(0.05)

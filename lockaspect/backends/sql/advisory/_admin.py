@@ -21,6 +21,7 @@ import psycopg
 from ....errors import ConfigurationError
 from ...base import KeyState
 from . import _sql
+from ._ops import Core
 from ._session import Session, store_error
 from ._state import lock_key, slot_keys
 
@@ -33,7 +34,7 @@ class AdminMixin:
     namespace: str
     settings: Any
     _pool: Any
-    _core: Any
+    _core: Core
     _admin: Session | None = None
     _admin_lock: threading.Lock
 
@@ -77,7 +78,14 @@ class AdminMixin:
             fences = [row[5] for row in shared if row[5] is not None]
             leases = [row[6] for row in shared if row[6] is not None]
             states.append(
-                KeyState(key, "read", len({row[3] for row in shared}), max(leases, default=None), max(fences, default=None), waiters)
+                KeyState(
+                    key,
+                    "read",
+                    len({row[3] for row in shared}),
+                    max(leases, default=None),
+                    max(fences, default=None),
+                    waiters,
+                )
             )
         held_slots = [row for row in rows if row[0] != main and row[2]]
         if held_slots:
@@ -121,9 +129,8 @@ class AdminMixin:
         """``(permits, in use)`` of semaphore ``key``, after setting its permits to
         ``set_to``; lowering them takes no permit away (a slot above the new number stays
         held until released)."""
-        if set_to is not None:
-            if isinstance(set_to, bool) or not isinstance(set_to, int) or set_to < 0:
-                raise ConfigurationError(f"permits must be an int >= 0, got {set_to!r}", key=key)
+        if set_to is not None and (isinstance(set_to, bool) or not isinstance(set_to, int) or set_to < 0):
+            raise ConfigurationError(f"permits must be an int >= 0, got {set_to!r}", key=key)
         old = self._stored_permits(key)
         if set_to is not None:
             self._query(_sql.SEM_SET, {"name": self.namespace + key, "permits": set_to}, key)

@@ -105,7 +105,9 @@ class Core:
         if kind == "semaphore":
             permits = request.permits
             if isinstance(permits, bool) or not isinstance(permits, int) or permits < 1:
-                raise ConfigurationError(f"a semaphore request needs its number of permits, got {permits!r}", key=keys[0])
+                raise ConfigurationError(
+                    f"a semaphore request needs its number of permits, got {permits!r}", key=keys[0]
+                )
 
     @staticmethod
     def check_kind(kind: str) -> None:
@@ -249,7 +251,15 @@ class Core:
         if waiter is not None and (pending is None or pending.state != WAITING):
             # Queue on one slot (at random: a semaphore's waiters are not served in order).
             objkey = random.choice(slots)
-            yield Queue(key, waiter, "semaphore", objkey, False, _sql.ACQUIRE_X, self._params(request, key, objkey, slots.index(objkey)))
+            yield Queue(
+                key,
+                waiter,
+                "semaphore",
+                objkey,
+                False,
+                _sql.ACQUIRE_X,
+                self._params(request, key, objkey, slots.index(objkey)),
+            )
         return self._busy(request)
 
     def _multi_acquire(self, request: AcquireRequest) -> Plan:
@@ -271,15 +281,17 @@ class Core:
                         hold = self.table.held(token, key)
                         assert hold is not None
                         taken.append(hold)
-                    elif pending is not None and pending.state == WAITING:
-                        busy = key
-                    elif self.table.conflict(objkey, False, token, waiter):
-                        busy = key
+                    else:
+                        queued = pending is not None and pending.state == WAITING
+                        if queued or self.table.conflict(objkey, False, token, waiter):
+                            busy = key
             if busy is not None:
                 break
             if hold is None:
                 after = self._pin_after(request, key, objkey, False)
-                session, fence = yield Run(_sql.TRY_X, self._params(request, key, objkey), key, session, frozenset((objkey,)), after)
+                session, fence = yield Run(
+                    _sql.TRY_X, self._params(request, key, objkey), key, session, frozenset((objkey,)), after
+                )
                 if not fence:
                     busy = key
                     break
@@ -337,7 +349,7 @@ class Core:
         except BackendError:
             with self.lock:
                 self.table.remove(hold)
-            if hold.session.lost is not None:
+            if _gone(hold):
                 return ReleaseResult.NOT_OWNER  # the session ended: so did the lock
             raise
         except BaseException:
@@ -364,10 +376,10 @@ class Core:
         try:
             _, keys = yield Run(_sql.PROBE, {}, key, hold.session, after=_probed)
         except BackendError:
-            if hold.session.lost is not None:
+            if _gone(hold):
                 return False  # the session is gone, and the lock with it
             raise
-        return keys is not None and hold.objkey in keys and hold.session.lost is None
+        return keys is not None and hold.objkey in keys and not _gone(hold)
 
     def unqueue(self, key: str, waiter: str, kind: str) -> Plan:
         self.check_kind(kind)
@@ -380,7 +392,9 @@ class Core:
 
     # -- renewal ----------------------------------------------------------------------------
 
-    def holds_for(self, leases: Sequence[RenewItem]) -> tuple[list[RenewStatus], dict[Any, list[int]], list[Hold | None]]:
+    def holds_for(
+        self, leases: Sequence[RenewItem]
+    ) -> tuple[list[RenewStatus], dict[Any, list[int]], list[Hold | None]]:
         """The statuses decided without a round trip (unknown hold, lost session: ``False``),
         and the items to probe, by session."""
         statuses: list[RenewStatus] = [None] * len(leases)
@@ -397,12 +411,19 @@ class Core:
                     by_session.setdefault(hold.session, []).append(i)
         return statuses, by_session, holds
 
-    def probed(self, statuses: list[RenewStatus], items: list[int], holds: list[Hold | None], keys: set[int] | None) -> None:
+    def probed(
+        self, statuses: list[RenewStatus], items: list[int], holds: list[Hold | None], keys: set[int] | None
+    ) -> None:
         """Apply one session's probe: ``None`` keys: the session is lost (every item False)."""
         for i in items:
             hold = holds[i]
             assert hold is not None
             statuses[i] = keys is not None and hold.objkey in keys
+
+
+def _gone(hold: Hold) -> bool:
+    """Whether ``hold``'s session was lost (read afresh: a round trip may have lost it)."""
+    return hold.session.lost is not None
 
 
 def _probed(session: Any, rows: list[tuple[Any, ...]]) -> set[int] | None:
@@ -415,7 +436,7 @@ def _probed(session: Any, rows: list[tuple[Any, ...]]) -> set[int] | None:
         session.lose(f"the backend pid changed ({session.pid} -> {pid}): a transaction pooler (PgBouncer) in front?")
         return None
     found = {int(k) for k in keys}
-    for k, mode in zip(keys, modes):
+    for k, mode in zip(keys, modes, strict=True):
         if session.pins.get(int(k), 0) <= 0:
             session.undo.append((int(k), mode == "ShareLock"))
     return found

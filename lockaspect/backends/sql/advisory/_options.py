@@ -16,8 +16,8 @@ from typing import Any, Final
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from ...base import redacted
 from ....errors import ConfigurationError
+from ...base import redacted
 
 __all__ = ["SCHEMES", "Settings", "parse_settings"]
 
@@ -85,7 +85,9 @@ def _seconds(name: str, value: object, zero: bool) -> float:
         raise ConfigurationError(f"{name} must be a number of seconds, got {value!r}")
     seconds = float(value)
     if math.isnan(seconds) or math.isinf(seconds) or seconds < 0 or (seconds == 0 and not zero):
-        raise ConfigurationError(f"{name} must be a finite number of seconds {'>= 0' if zero else '> 0'}, got {value!r}")
+        raise ConfigurationError(
+            f"{name} must be a finite number of seconds {'>= 0' if zero else '> 0'}, got {value!r}"
+        )
     return seconds
 
 

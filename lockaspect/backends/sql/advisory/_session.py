@@ -256,7 +256,9 @@ class PoolBase:
 class Pool(PoolBase):
     """The thread store's sessions (see the module docstring)."""
 
-    def __init__(self, settings: Settings, lock: threading.Lock, on_schema: Callable[[psycopg.Connection[Any]], None]) -> None:
+    def __init__(
+        self, settings: Settings, lock: threading.Lock, on_schema: Callable[[psycopg.Connection[Any]], None]
+    ) -> None:
         super().__init__(settings, lock)
         self._on_schema = on_schema
 

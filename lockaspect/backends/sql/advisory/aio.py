@@ -23,7 +23,8 @@ from ....errors import BackendError, ConfigurationError
 from ...base import KINDS, AcquireRequest, AcquireResult, ReleaseResult, RenewItem, RenewStatus, new_waiter_id
 from . import _sql
 from ._notify import AsyncNotifier
-from ._ops import Core, Leave, Plan, Queue, Run, Undo, probe_after, session_of as _session_of
+from ._ops import Core, Leave, Plan, Queue, Run, Undo, probe_after
+from ._ops import session_of as _session_of
 from ._options import Settings
 from ._session import _OPEN, CANCELLED, PoolBase, SessionBase, broken, detach, setup_statements, store_error
 from ._state import CLOSED, FAILED, GONE_AFTER, GRANTED, WAITING, Pending
@@ -218,7 +219,9 @@ class AsyncPostgresAdvisoryStore:
             return await self._send_once(op)
         except _Stale:
             if not retry:
-                raise BackendError(f"PostgreSQL {self.settings.shown}: the connection failed", key=op.key, transient=True) from None
+                raise BackendError(
+                    f"PostgreSQL {self.settings.shown}: the connection failed", key=op.key, transient=True
+                ) from None
             return await self._send_once(op)
 
     async def _send_once(self, op: Run) -> tuple[AsyncSession, Any]:
@@ -253,7 +256,9 @@ class AsyncPostgresAdvisoryStore:
 
     async def _probe(self, session: AsyncSession) -> set[int] | None:
         try:
-            keys: set[int] | None = (await self._send(Run(_sql.PROBE, {}, "", session, after=probe_after), retry=False))[1]
+            keys: set[int] | None = (
+                await self._send(Run(_sql.PROBE, {}, "", session, after=probe_after), retry=False)
+            )[1]
         except BackendError:
             if session.lost is None:
                 raise
@@ -339,7 +344,9 @@ class AsyncPostgresAdvisoryStore:
                     pending.state = CLOSED
                     self._core.table.remove_wait(pending)
             if gone:
-                log.warning("a lock granted to a waiter of %r was never claimed (the waiter left); unlocking it", pending.key)
+                log.warning(
+                    "a lock granted to a waiter of %r was never claimed (the waiter left); unlocking it", pending.key
+                )
                 async with pending.session.lock:
                     pending.session.undo.append((pending.objkey, pending.shared))
                     await pending.session.give_back()
@@ -422,7 +429,11 @@ class AsyncPostgresAdvisoryStore:
         with self._core.lock:
             self._closed = True
             notifier, self._notifier = self._notifier, None
-            waits = [p for p in self._core.table.pending.values() if isinstance(p.session, AsyncSession) and p.session.twin is self]
+            waits = [
+                p
+                for p in self._core.table.pending.values()
+                if isinstance(p.session, AsyncSession) and p.session.twin is self
+            ]
             for pending in waits:
                 self._core.table.remove_wait(pending)
         if notifier is not None:

@@ -40,6 +40,7 @@ __all__ = ["CAPABILITIES", "PostgresAdvisoryStore"]
 class _Stale(Exception):
     """A fresh, empty session turned out dead (ended by the server while idle)."""
 
+
 log = logging.getLogger("lockaspect.postgres")
 
 #: What the advisory store declares: holds live with their session (no lease to renew; the
@@ -280,7 +281,9 @@ class PostgresAdvisoryStore(AdminMixin):
                     pending.state = CLOSED
                     self._core.table.remove_wait(pending)
             if gone:
-                log.warning("a lock granted to a waiter of %r was never claimed (the waiter left); unlocking it", pending.key)
+                log.warning(
+                    "a lock granted to a waiter of %r was never claimed (the waiter left); unlocking it", pending.key
+                )
                 with pending.session.lock:
                     pending.session.undo.append((pending.objkey, pending.shared))
                     pending.session.give_back()
