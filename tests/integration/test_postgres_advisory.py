@@ -133,7 +133,8 @@ def test_a_killed_holder_frees_the_lock_at_once(
     os.kill(holder.pid, signal.SIGKILL)
     holder.join(BOUND)
     thread.join(BOUND)
-    assert len(got) == 1 and got[0] > 0
+    assert len(got) == 1
+    assert got[0] > 0
 
 
 def _take(client: LockClient, key: str, wait: float) -> int:
@@ -160,12 +161,19 @@ def test_terminated_backend_is_a_lost_lock(
     the block raises LockLost; the client takes new locks on new connections."""
     client = make_pg()
     called = threading.Event()
-    with pytest.raises(LockLost), client.lock("term", on_lost=lambda lease: called.set()) as lease:
-        _terminate_holder(postgres_server, pg_namespace, "term")
-        assert called.wait(BOUND)
-        assert lease.lost
+    seen: list[Any] = []
+
+    def hold() -> None:
+        with client.lock("term", on_lost=lambda lease: called.set()) as lease:
+            seen.append(lease)
+            _terminate_holder(postgres_server, pg_namespace, "term")
+            assert called.wait(BOUND)
+            assert lease.lost
+
+    with pytest.raises(LockLost):
+        hold()
     with client.lock("term", wait=BOUND) as again:
-        assert again.fencing_token > lease.fencing_token
+        assert again.fencing_token > seen[0].fencing_token
 
 
 def test_terminated_backend_cancels_an_async_body(
@@ -208,9 +216,14 @@ def test_server_restart_loses_the_leases_and_the_client_recovers(own_server: Any
     client = LockClient.from_url(own_server.url, watchdog_lease=0.5, tick=0.05)
     try:
         lost = threading.Event()
-        with pytest.raises(LockLost), client.lock("restart", on_lost=lambda lease: lost.set()):
-            own_server.restart()
-            assert lost.wait(BOUND)
+
+        def hold() -> None:
+            with client.lock("restart", on_lost=lambda lease: lost.set()):
+                own_server.restart()
+                assert lost.wait(BOUND)
+
+        with pytest.raises(LockLost):
+            hold()
         with client.lock("restart", wait=BOUND) as lease:  # a new session: the client recovered
             assert not lease.lost
         with client.lock("another", wait=BOUND):
@@ -365,9 +378,11 @@ def test_create_schema_false_on_a_fresh_database(fresh_database: str) -> None:
         client.close()
     with psycopg.connect(fresh_database, autocommit=True) as conn:
         row = conn.execute(
-            "SELECT count(*) FROM pg_class WHERE relname IN ('lockaspect_fence', 'lockaspect_advisory', 'lockaspect_semaphore')"
+            "SELECT count(*) FROM pg_class"
+            " WHERE relname IN ('lockaspect_fence', 'lockaspect_advisory', 'lockaspect_semaphore')"
         ).fetchone()
-        assert row is not None and row[0] == 0
+        assert row is not None
+        assert row[0] == 0
     with LockClient.from_url(fresh_database) as client, client.lock("k") as lease:
         assert lease.fencing_token == 1
 
