@@ -50,7 +50,7 @@ LOCK_KEY: Final = "((l.classid::bigint << 32) | l.objid::bigint)"
 #: Created when ``create_schema=True`` (the default), under a transaction-scoped advisory lock
 #: so that processes starting together do not race on the catalog.
 SCHEMA: Final = (
-    "SELECT pg_advisory_xact_lock(-8111973515212196337)",  # advisory_key("lockaspect:schema")-ish: a constant
+    "SELECT pg_advisory_xact_lock(-8111973515212196337)",  # a fixed key, held only while the schema is made
     f"CREATE SEQUENCE IF NOT EXISTS {FENCE_SEQUENCE} AS bigint",
     "CREATE TABLE IF NOT EXISTS lockaspect_advisory ("
     " objkey bigint PRIMARY KEY, name text NOT NULL, slot integer, kind text NOT NULL,"

@@ -19,14 +19,14 @@ from typing import Any
 
 import psycopg
 
-from ....errors import BackendError, ConfigurationError
+from ....errors import BackendError
 from ...base import KINDS, AcquireRequest, AcquireResult, ReleaseResult, RenewItem, RenewStatus, new_waiter_id
 from . import _sql
 from ._notify import AsyncNotifier
 from ._ops import Core, Leave, Plan, Queue, Run, Undo, probe_after
 from ._ops import session_of as _session_of
 from ._options import Settings
-from ._session import _OPEN, CANCELLED, PoolBase, SessionBase, broken, detach, setup_statements, store_error
+from ._session import _OPEN, CANCELLED, PoolBase, SessionBase, broken, setup_statements, store_error
 from ._state import CLOSED, FAILED, GONE_AFTER, GRANTED, WAITING, Pending
 
 __all__ = ["AsyncPostgresAdvisoryStore"]
@@ -449,5 +449,3 @@ class AsyncPostgresAdvisoryStore:
     def __repr__(self) -> str:
         return f"<AsyncPostgresAdvisoryStore {self.settings.shown} namespace={self.namespace!r}>"
 
-
-_ = (ConfigurationError, detach)
