@@ -448,4 +448,3 @@ class AsyncPostgresAdvisoryStore:
 
     def __repr__(self) -> str:
         return f"<AsyncPostgresAdvisoryStore {self.settings.shown} namespace={self.namespace!r}>"
-
