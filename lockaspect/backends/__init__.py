@@ -55,6 +55,8 @@ _BUILT_IN = {
     "sqlite": "lockaspect.backends.sql.table:open_sqlite_store",
     "postgresql+table": "lockaspect.backends.sql.table:open_table_store",
     "postgres+table": "lockaspect.backends.sql.table:open_table_store",
+    "postgresql": "lockaspect.backends.sql.advisory:open_postgres_store",
+    "postgres": "lockaspect.backends.sql.advisory:open_postgres_store",
 }
 
 

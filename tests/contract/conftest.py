@@ -1,6 +1,7 @@
 """The contract suite's fixtures: every test runs on each store (``memory``: a
 :class:`~lockaspect.backends.memory.MemoryStore`; ``redis``: the session's Valkey server from
-:class:`~lockaspect.testing.LockServer`), through the public API only, so it keeps passing
+:class:`~lockaspect.testing.LockServer`; ``postgres``: session advisory locks on the session's
+PostgreSQL server), through the public API only, so it keeps passing
 while the engine behind it is rewritten.
 
 ``kind`` names how a test takes a lock: ``lock``, ``fair``, ``semaphore`` (one permit: as
@@ -21,9 +22,10 @@ from lockaspect.backends import open_store
 from lockaspect.backends.base import AdminStore, Capability, Store
 from lockaspect.backends.memory import MemoryStore
 from lockaspect.backends.redis import RedisBackend
+from lockaspect.backends.sql.advisory import open_postgres_store
 from lockaspect.testing import LockServer, PostgresServer
 
-STORES = ["memory", "redis", "sqlite", "postgres_table"]
+STORES = ["memory", "redis", "sqlite", "postgres_table", "postgres"]
 #: Kinds that let one holder in at a time.
 EXCLUSIVE = ["lock", "fair", "semaphore", "write", "multi"]
 ALL_KINDS = [*EXCLUSIVE, "read"]
@@ -52,6 +54,9 @@ def make_store(store_name: str, request: pytest.FixtureRequest) -> Iterator[Call
             postgres: PostgresServer = request.getfixturevalue("postgres_server")
             url = postgres.url.replace("postgresql://", "postgresql+table://", 1)
             store = open_store(url, namespace=f"c-{tag}:")
+        elif store_name == "postgres":
+            server_pg: PostgresServer = request.getfixturevalue("postgres_server")
+            store = open_postgres_store(server_pg.url, namespace=f"c-{tag}:")
         else:
             server: LockServer = request.getfixturevalue("lock_server")
             store = RedisBackend.from_url(server.url, namespace=f"c-{tag}:")
@@ -98,6 +103,13 @@ def skip_unless_served(client: LockClient, kind: str) -> None:
             pytest.skip(f"{backend!r} has no multi-key locks")
     elif kind not in backend.kinds:
         pytest.skip(f"{backend!r} does not serve {kind!r}")
+
+
+def skip_if_session_bound(store: Store, why: str) -> None:
+    """Skip a test that cannot apply to a store whose holds live with a session
+    (``Capability.SESSION_BOUND``: no lease expires by itself while the session lives)."""
+    if store.capabilities & Capability.SESSION_BOUND:
+        pytest.skip(f"{store!r} is SESSION_BOUND: {why}")
 
 
 def block(client: LockClient, kind: str, key: str, **options: Any) -> Any:
