@@ -37,6 +37,9 @@ FAIR_SCAN = 64
 POLL_HEAD = 0.01
 POLL_OTHERS = 0.25
 POLL_QUEUED = 1.0
+#: A fair waiter's poll only reads (no write lock, so polls do not queue behind each other)
+#: while its place in the queue was refreshed within this many seconds (< FAIR_GONE_AFTER).
+FAIR_REFRESH = 1.0
 #: Renewals per statement (five parameters each: far below SQLite's 32,766).
 RENEW_CHUNK = 500
 
@@ -122,6 +125,14 @@ class TableOps:
         self._drop_expired = t(
             "DELETE FROM lockaspect_holds WHERE name = :name AND space = :space AND expires_at <= :now"
         )
+        now = dialect.now
+        self._fair_probe = t(
+            "SELECT (SELECT owner FROM lockaspect_holds WHERE name = :name AND space = 'lock' AND slot = '' "
+            f"AND expires_at > {now}), (SELECT expires_at - {now} FROM lockaspect_holds WHERE name = :name "
+            "AND space = 'lock' AND slot = ''), (SELECT waiter FROM lockaspect_waiters WHERE name = :name "
+            f"AND space = 'fair' AND seen > {now} - :gone ORDER BY position LIMIT 1), (SELECT {now} - seen "
+            "FROM lockaspect_waiters WHERE name = :name AND space = 'fair' AND waiter = :waiter)"
+        )
         self._permits = t("SELECT permits FROM lockaspect_semaphores WHERE name = :name")
         self._set_permits = t(
             "INSERT INTO lockaspect_semaphores (name, permits) VALUES (:name, :permits) "
@@ -182,6 +193,14 @@ class TableOps:
         return Query(self.d.holder, {"name": name, "space": "lock"})
 
     @staticmethod
+    def still_held(rows: list[Any], token: str) -> AcquireResult | None:
+        """A waiter's read before its claim (a poll that takes no write lock): busy while
+        another owner's hold is alive, else ``None`` (claim it)."""
+        if rows and rows[0][1] > 0 and rows[0][0] != token:
+            return _busy(rows[0][1], POLL_OTHERS)
+        return None
+
+    @staticmethod
     def busy(rows: list[Any]) -> AcquireResult:
         """A busy mutex, with the holder's remaining lease as the retry hint (gone meanwhile:
         retry at once)."""
@@ -213,6 +232,12 @@ class TableOps:
         """A free lock goes only to the first live waiter; waiters not seen for
         FAIR_GONE_AFTER at the head of the queue leave it (acquire.lua's fair part)."""
         name, token, waiter = request.key, request.token, request.waiter
+        if waiter is not None:  # a poll: decided by a read while our place is fresh
+            probe = yield Query(self._fair_probe, {"name": name, "waiter": waiter, "gone": FAIR_GONE_AFTER})
+            owner, ttl, first, age = probe[0]
+            if age is not None and age < FAIR_REFRESH and owner != token and (owner is not None or first != waiter):
+                poll = POLL_HEAD if first == waiter else POLL_QUEUED
+                return _busy(ttl if owner is not None else FAIR_GONE_AFTER, poll)
         now = yield Begin((name,))
         queue = {"name": name, "space": "fair"}
         head = yield Query(self._queue_head, queue)

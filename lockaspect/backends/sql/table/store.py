@@ -163,6 +163,10 @@ class TableStore(_TableBase):
             if checked.kind == "lock" and len(checked.keys) == 1:  # the hot path: one statement
                 ops, rows = self._ops, self._driver.rows
                 name = checked.keys[0]
+                if checked.waiter is not None:  # a waiter polls with a read: no write lock while held
+                    held = ops.still_held(rows(ops.holder_of(name), key, "acquire"), checked.token)
+                    if held is not None:
+                        return held
                 result = ops.claimed(rows(ops.claim(name, checked.token, checked.lease, self._info()), key, "acquire"))
                 return result or ops.busy(rows(ops.holder_of(name), key, "acquire"))
             return self._answer(self._run(self._ops.acquire(checked, self._info()), key, "acquire"))
@@ -373,6 +377,10 @@ class AsyncTableStore(_TableBase):
             if checked.kind == "lock" and len(checked.keys) == 1:  # the hot path: one statement
                 ops, rows = self._ops, self._driver.rows
                 name = checked.keys[0]
+                if checked.waiter is not None:  # a waiter polls with a read: no write lock while held
+                    held = ops.still_held(await rows(ops.holder_of(name), key, "acquire"), checked.token)
+                    if held is not None:
+                        return held
                 claim = ops.claim(name, checked.token, checked.lease, self._info())
                 claimed = ops.claimed(await rows(claim, key, "acquire"))
                 return claimed or ops.busy(await rows(ops.holder_of(name), key, "acquire"))
