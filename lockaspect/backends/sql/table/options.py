@@ -124,7 +124,7 @@ def open_sqlite_store(url: str, *, namespace: str = "lockaspect:", **options: An
         raise ConfigurationError(f"namespace must be a str, got {namespace!r}")
     directory = path.parent.resolve()
     if not directory.is_dir():
-        hint = f"; for an absolute path write sqlite:///{path}" if not path.is_absolute() else ""
+        hint = f"; for an absolute path write sqlite:////{path}" if not path.is_absolute() else ""
         raise ConfigurationError(f"{url!r}: the directory {str(directory)!r} does not exist{hint}")
     if not path.exists() and not create:
         raise ConfigurationError(f"{url!r}: no database file at {str(path.resolve())!r} (and create_schema=False)")
@@ -147,6 +147,8 @@ def _prepare_sqlite(connect: Any, create: bool, url: str, path: str) -> None:
     try:
         conn = connect()
     except sqlite3.Error as exc:
+        if _read_only(exc):  # opening a WAL file needs its -shm: not in a read-only directory
+            raise ConfigurationError(f"{url!r}: {path!r} is read-only: the lock store writes to it") from exc
         raise ConfigurationError(f"{url!r}: cannot open {path!r}: {exc}") from exc
     try:
         if create:
@@ -167,11 +169,16 @@ def _prepare_sqlite(connect: Any, create: bool, url: str, path: str) -> None:
                 f"{url!r}: {text}; open it with create_schema=True, or create the tables with "
                 "lockaspect.backends.sql.table.schema_sql('sqlite')"
             ) from exc
-        if "readonly" in text or "read-only" in text:
+        if _read_only(exc):
             raise ConfigurationError(f"{url!r}: {path!r} is read-only: the lock store writes to it") from exc
         raise ConfigurationError(f"{url!r}: {text}") from exc
     finally:
         conn.close()
+
+
+def _read_only(exc: sqlite3.Error) -> bool:
+    text = str(exc)
+    return "readonly" in text or "read-only" in text
 
 
 # -- PostgreSQL ------------------------------------------------------------------------------
