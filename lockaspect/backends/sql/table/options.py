@@ -8,7 +8,7 @@ import sqlite3
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
 from ....errors import ConfigurationError
 from ...base import redacted
@@ -224,6 +224,7 @@ def open_table_store(url: str, *, namespace: str = "lockaspect:", **options: Any
     """
     try:
         import psycopg
+        from psycopg.conninfo import conninfo_to_dict
     except ImportError as exc:
         raise ConfigurationError("postgresql+table:// needs psycopg 3: pip install 'lockaspect[postgres]'") from exc
     parts = urlsplit(url)
@@ -233,8 +234,12 @@ def open_table_store(url: str, *, namespace: str = "lockaspect:", **options: Any
     query = dict(parse_qsl(parts.query, keep_blank_values=True))
     ours = {"create_schema", "connect_timeout", "owner_info"}
     opts = _options("", {**{k: v for k, v in query.items() if k in ours}, **options}, ours, url)
-    libpq_query = "&".join(f"{k}={v}" for k, v in parse_qsl(parts.query, keep_blank_values=True) if k not in ours)
-    conninfo = parts._replace(scheme="postgresql", query=libpq_query).geturl()
+    libpq = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k not in ours]
+    conninfo = parts._replace(scheme="postgresql", query=urlencode(libpq, quote_via=quote)).geturl()
+    try:
+        conninfo_to_dict(conninfo)  # libpq's check of the option names, before any connection
+    except psycopg.ProgrammingError as exc:
+        raise ConfigurationError(f"{redacted(url)!r}: {exc}") from exc
     create = _flag(opts.get("create_schema", True), "create_schema")
     timeout = _seconds(opts.get("connect_timeout", 10), "connect_timeout")
     info = _flag(opts.get("owner_info", True), "owner_info")
