@@ -13,7 +13,7 @@ from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 from ....errors import ConfigurationError
 from ...base import redacted
 from .._keys import advisory_key
-from ._driver import AsyncDriver, Backend, Pool, SyncDriver
+from ._driver import AsyncDriver, Backend, Pool, SyncDriver, socket_alive
 from ._notify import hub_for
 from ._sql import POSTGRES, SQLITE, TABLES
 from .store import AsyncBridgeStore, AsyncTableStore, TableStore
@@ -247,7 +247,7 @@ def open_table_store(url: str, *, namespace: str = "lockaspect:", **options: Any
         raise ConfigurationError(f"namespace must be a str, got {namespace!r}")
     label = redacted(url)
     seconds = max(1, round(timeout))
-    backend = Backend(POSTGRES, label, _pg_transient, _pg_broken, (_SERIALISE, _table_key))
+    backend = Backend(POSTGRES, label, _pg_transient, _pg_broken, (_SERIALISE, _table_key), socket_alive)
 
     def connect() -> Any:
         return psycopg.Connection.connect(conninfo, autocommit=True, prepare_threshold=None, connect_timeout=seconds)
@@ -272,7 +272,7 @@ def open_table_store(url: str, *, namespace: str = "lockaspect:", **options: Any
 
         return AsyncTableStore(AsyncDriver(backend, aconnect), hub, store.namespace, info)
 
-    driver = SyncDriver(backend, Pool(connect, lambda conn: conn.close()))
+    driver = SyncDriver(backend, Pool(connect, lambda conn: conn.close(), alive=socket_alive))
     return TableStore(driver, hub, namespace, twin=twin, info=info)
 
 
