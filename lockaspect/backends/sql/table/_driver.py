@@ -6,6 +6,7 @@ decision; what differs per database comes in a :class:`Backend`.
 
 from __future__ import annotations
 
+import select
 import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, NamedTuple, TypeVar
@@ -14,7 +15,7 @@ from ....errors import BackendError
 from ._ops import Begin, Op, Query, Rollback
 from ._sql import Dialect
 
-__all__ = ["AsyncDriver", "Backend", "Pool", "SyncDriver"]
+__all__ = ["AsyncDriver", "Backend", "Pool", "SyncDriver", "socket_alive"]
 
 _T = TypeVar("_T")
 _C = TypeVar("_C")
@@ -32,6 +33,9 @@ class Backend(NamedTuple):
         serialise: The statement (one ``:k`` parameter) that serialises writers of one key
             inside a transaction, and the key's parameter, or ``None`` (SQLite: its write
             transaction serialises every writer).
+        alive: For an idle connection about to be used: ``False`` when it is known dead (the
+            server closed it: a restart, a terminated backend), so that it is replaced before
+            an operation fails on it; ``None``: no such check (SQLite: no server).
     """
 
     dialect: Dialect
@@ -39,24 +43,54 @@ class Backend(NamedTuple):
     transient: Callable[[BaseException], bool | None]
     broken: Callable[[BaseException], bool]
     serialise: tuple[str, Callable[[str], int]] | None = None
+    alive: Callable[[Any], bool] | None = None
+
+
+def socket_alive(conn: Any) -> bool:
+    """Whether libpq connection ``conn`` (idle, in autocommit) may still be used: open, out of
+    any transaction, and with nothing to read. An idle connection is sent nothing, so anything
+    readable is the server's goodbye (the end of the stream, or the error that precedes it)."""
+    try:
+        if conn.closed or conn.info.transaction_status != 0:  # 0: TransactionStatus.IDLE
+            return False
+        fd = conn.pgconn.socket
+        if hasattr(select, "poll"):
+            poller = select.poll()
+            poller.register(fd, select.POLLIN | select.POLLERR | select.POLLHUP)
+            return not poller.poll(0)
+        return not select.select([fd], [], [], 0)[0]  # pragma: no cover - Windows only
+    except Exception:  # noqa: BLE001 - a connection we cannot even inspect is not usable
+        return False
 
 
 class Pool(Generic[_C]):
-    """Idle connections, handed out one per operation; at most ``keep`` are kept idle."""
+    """Idle connections, handed out one per operation; at most ``keep`` are kept idle. An idle
+    connection that ``alive`` finds dead is closed and replaced when taken."""
 
-    def __init__(self, connect: Callable[[], _C], close: Callable[[_C], None], keep: int = 8) -> None:
+    def __init__(
+        self,
+        connect: Callable[[], _C],
+        close: Callable[[_C], None],
+        keep: int = 8,
+        alive: Callable[[_C], bool] | None = None,
+    ) -> None:
         self._connect = connect
         self._close = close
         self._keep = keep
+        self._alive = alive
         self._idle: list[_C] = []
         self._lock = threading.Lock()
         self.closed = False
 
     def take(self) -> _C:
-        try:
-            return self._idle.pop()  # atomic: no lock on the hot path
-        except IndexError:
-            return self._connect()
+        while True:
+            try:
+                conn = self._idle.pop()  # atomic: no lock on the hot path
+            except IndexError:
+                return self._connect()
+            if self._alive is None or self._alive(conn):
+                return conn
+            self.discard(conn)
 
     def give(self, conn: _C) -> None:
         if not self.closed and len(self._idle) < self._keep:  # racing gives may keep one or two more
@@ -215,9 +249,18 @@ class AsyncDriver(_DriverBase):
 
         return await self.run(one(), key, action)
 
+    async def _take(self) -> Any:
+        alive = self.backend.alive
+        while self._idle:
+            conn = self._idle.pop()
+            if alive is None or alive(conn):
+                return conn
+            await self._discard(conn)
+        return await self._connect()
+
     async def run(self, op: Op[_T], key: str | None, action: str) -> _T:
         try:
-            conn = self._idle.pop() if self._idle else await self._connect()
+            conn = await self._take()
         except BaseException as exc:
             op.close()
             failure = self.error(exc, key, action)

@@ -84,6 +84,14 @@ def _hint(ttl: float | None) -> float | None:
     return None if ttl is None else max(0.001, float(ttl))
 
 
+def _fair_poll(ahead: int | None) -> float:
+    """How often a fair waiter with ``ahead`` live waiters before it polls: the first two
+    often (the second is next once the head takes the lock), the rest less the further back."""
+    if ahead is None or ahead <= 1:
+        return POLL_HEAD
+    return min(POLL_QUEUED, POLL_HEAD * ahead)
+
+
 def _busy(ttl: float | None, poll: float, busy: str | None = None) -> AcquireResult:
     """Busy: the holder's remaining lease ``ttl`` and the advice to retry within ``poll``."""
     hint = _hint(ttl)
@@ -131,7 +139,10 @@ class TableOps:
             f"AND expires_at > {now}), (SELECT expires_at - {now} FROM lockaspect_holds WHERE name = :name "
             "AND space = 'lock' AND slot = ''), (SELECT waiter FROM lockaspect_waiters WHERE name = :name "
             f"AND space = 'fair' AND seen > {now} - :gone ORDER BY position LIMIT 1), (SELECT {now} - seen "
-            "FROM lockaspect_waiters WHERE name = :name AND space = 'fair' AND waiter = :waiter)"
+            "FROM lockaspect_waiters WHERE name = :name AND space = 'fair' AND waiter = :waiter), "
+            "(SELECT count(*) FROM lockaspect_waiters WHERE name = :name AND space = 'fair' "
+            f"AND seen > {now} - :gone AND position < (SELECT position FROM lockaspect_waiters "
+            "WHERE name = :name AND space = 'fair' AND waiter = :waiter))"
         )
         self._permits = t("SELECT permits FROM lockaspect_semaphores WHERE name = :name")
         self._set_permits = t(
@@ -234,10 +245,9 @@ class TableOps:
         name, token, waiter = request.key, request.token, request.waiter
         if waiter is not None:  # a poll: decided by a read while our place is fresh
             probe = yield Query(self._fair_probe, {"name": name, "waiter": waiter, "gone": FAIR_GONE_AFTER})
-            owner, ttl, first, age = probe[0]
+            owner, ttl, first, age, ahead = probe[0]
             if age is not None and age < FAIR_REFRESH and owner != token and (owner is not None or first != waiter):
-                poll = POLL_HEAD if first == waiter else POLL_QUEUED
-                return _busy(ttl if owner is not None else FAIR_GONE_AFTER, poll)
+                return _busy(ttl if owner is not None else FAIR_GONE_AFTER, _fair_poll(ahead))
         now = yield Begin((name,))
         queue = {"name": name, "space": "fair"}
         head = yield Query(self._queue_head, queue)
@@ -248,6 +258,8 @@ class TableOps:
                 first = queued
                 break
             gone = position
+        live = [queued for queued, seen, _ in head if now - seen <= FAIR_GONE_AFTER]
+        ahead = live.index(waiter) if waiter in live else len(live)
         if gone is not None:
             yield Query(self._queue_drop_upto, {**queue, "position": gone})
         rows = yield Query(self._shared, {"name": name, "space": "lock", "now": now})
@@ -266,7 +278,7 @@ class TableOps:
             return AcquireResult(True, int(claimed[0][0]))
         if waiter is not None:
             yield Query(self._queue_join, {**queue, "waiter": waiter, "now": now})
-        poll = POLL_HEAD if waiter is not None and first in (None, waiter) else POLL_QUEUED
+        poll = _fair_poll(ahead) if waiter is not None else POLL_QUEUED
         if held is None:
             return _busy(FAIR_GONE_AFTER, poll)  # promised to the first waiter
         return _busy(held[2], poll)

@@ -8,12 +8,12 @@ import sqlite3
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
 from ....errors import ConfigurationError
 from ...base import redacted
 from .._keys import advisory_key
-from ._driver import AsyncDriver, Backend, Pool, SyncDriver
+from ._driver import AsyncDriver, Backend, Pool, SyncDriver, socket_alive
 from ._notify import hub_for
 from ._sql import POSTGRES, SQLITE, TABLES
 from .store import AsyncBridgeStore, AsyncTableStore, TableStore
@@ -124,7 +124,7 @@ def open_sqlite_store(url: str, *, namespace: str = "lockaspect:", **options: An
         raise ConfigurationError(f"namespace must be a str, got {namespace!r}")
     directory = path.parent.resolve()
     if not directory.is_dir():
-        hint = f"; for an absolute path write sqlite:///{path}" if not path.is_absolute() else ""
+        hint = f"; for an absolute path write sqlite:////{path}" if not path.is_absolute() else ""
         raise ConfigurationError(f"{url!r}: the directory {str(directory)!r} does not exist{hint}")
     if not path.exists() and not create:
         raise ConfigurationError(f"{url!r}: no database file at {str(path.resolve())!r} (and create_schema=False)")
@@ -147,6 +147,8 @@ def _prepare_sqlite(connect: Any, create: bool, url: str, path: str) -> None:
     try:
         conn = connect()
     except sqlite3.Error as exc:
+        if _read_only(exc):  # opening a WAL file needs its -shm: not in a read-only directory
+            raise ConfigurationError(f"{url!r}: {path!r} is read-only: the lock store writes to it") from exc
         raise ConfigurationError(f"{url!r}: cannot open {path!r}: {exc}") from exc
     try:
         if create:
@@ -167,11 +169,16 @@ def _prepare_sqlite(connect: Any, create: bool, url: str, path: str) -> None:
                 f"{url!r}: {text}; open it with create_schema=True, or create the tables with "
                 "lockaspect.backends.sql.table.schema_sql('sqlite')"
             ) from exc
-        if "readonly" in text or "read-only" in text:
+        if _read_only(exc):
             raise ConfigurationError(f"{url!r}: {path!r} is read-only: the lock store writes to it") from exc
         raise ConfigurationError(f"{url!r}: {text}") from exc
     finally:
         conn.close()
+
+
+def _read_only(exc: sqlite3.Error) -> bool:
+    text = str(exc)
+    return "readonly" in text or "read-only" in text
 
 
 # -- PostgreSQL ------------------------------------------------------------------------------
@@ -217,6 +224,7 @@ def open_table_store(url: str, *, namespace: str = "lockaspect:", **options: Any
     """
     try:
         import psycopg
+        from psycopg.conninfo import conninfo_to_dict
     except ImportError as exc:
         raise ConfigurationError("postgresql+table:// needs psycopg 3: pip install 'lockaspect[postgres]'") from exc
     parts = urlsplit(url)
@@ -226,8 +234,12 @@ def open_table_store(url: str, *, namespace: str = "lockaspect:", **options: Any
     query = dict(parse_qsl(parts.query, keep_blank_values=True))
     ours = {"create_schema", "connect_timeout", "owner_info"}
     opts = _options("", {**{k: v for k, v in query.items() if k in ours}, **options}, ours, url)
-    libpq_query = "&".join(f"{k}={v}" for k, v in parse_qsl(parts.query, keep_blank_values=True) if k not in ours)
-    conninfo = parts._replace(scheme="postgresql", query=libpq_query).geturl()
+    libpq = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k not in ours]
+    conninfo = parts._replace(scheme="postgresql", query=urlencode(libpq, quote_via=quote)).geturl()
+    try:
+        conninfo_to_dict(conninfo)  # libpq's check of the option names, before any connection
+    except psycopg.ProgrammingError as exc:
+        raise ConfigurationError(f"{redacted(url)!r}: {exc}") from exc
     create = _flag(opts.get("create_schema", True), "create_schema")
     timeout = _seconds(opts.get("connect_timeout", 10), "connect_timeout")
     info = _flag(opts.get("owner_info", True), "owner_info")
@@ -235,7 +247,7 @@ def open_table_store(url: str, *, namespace: str = "lockaspect:", **options: Any
         raise ConfigurationError(f"namespace must be a str, got {namespace!r}")
     label = redacted(url)
     seconds = max(1, round(timeout))
-    backend = Backend(POSTGRES, label, _pg_transient, _pg_broken, (_SERIALISE, _table_key))
+    backend = Backend(POSTGRES, label, _pg_transient, _pg_broken, (_SERIALISE, _table_key), socket_alive)
 
     def connect() -> Any:
         return psycopg.Connection.connect(conninfo, autocommit=True, prepare_threshold=None, connect_timeout=seconds)
@@ -260,7 +272,7 @@ def open_table_store(url: str, *, namespace: str = "lockaspect:", **options: Any
 
         return AsyncTableStore(AsyncDriver(backend, aconnect), hub, store.namespace, info)
 
-    driver = SyncDriver(backend, Pool(connect, lambda conn: conn.close()))
+    driver = SyncDriver(backend, Pool(connect, lambda conn: conn.close(), alive=socket_alive))
     return TableStore(driver, hub, namespace, twin=twin, info=info)
 
 

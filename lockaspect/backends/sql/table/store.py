@@ -31,7 +31,7 @@ from ...base import (
 )
 from ._driver import AsyncDriver, SyncDriver
 from ._notify import AsyncTableNotifier, Hub, TableNotifier
-from ._ops import Op, Query, TableOps
+from ._ops import Begin, Op, Query, TableOps
 
 __all__ = ["AsyncBridgeStore", "AsyncTableStore", "TableStore", "owner_info"]
 
@@ -79,6 +79,7 @@ class _TableBase:
         self.namespace = namespace
         self.label = label
         self._with_info = info
+        self._undo_hold = ops.d.text("DELETE FROM lockaspect_holds WHERE name = :name AND owner = :owner")
 
     @staticmethod
     def waiter_id(listens: bool) -> str:
@@ -107,16 +108,17 @@ class _TableBase:
             items.append(RenewItem(self.namespace + key, token, lease, kind))
         return items
 
-    def _undo(self, names: Sequence[str], token: str) -> Op[None]:
-        """Delete whatever ``token`` may hold of ``names`` (an acquire that failed midway)."""
-        for name in names:
-            yield Query(
-                self._ops.d.text("DELETE FROM lockaspect_holds WHERE name = :name AND owner = :owner"),
-                {
-                    "name": name,
-                    "owner": token,
-                },
-            )
+    def _undo(self, checked: AcquireRequest, leave: bool) -> Op[None]:
+        """Delete whatever the attempt ``checked`` may have taken (it failed midway, or its
+        caller stopped waiting for its answer), and with ``leave`` its waiter's queue place
+        too (the caller stopped waiting for the lock altogether: cancelled, interrupted). One
+        transaction serialised with the writers of those keys, so on PostgreSQL it comes after
+        an attempt's transaction that is still running on a connection we gave up."""
+        yield Begin(checked.keys)
+        for name in checked.keys:
+            yield Query(self._undo_hold, {"name": name, "owner": checked.token})
+        if leave and checked.waiter is not None:
+            yield from self._ops.unqueue(checked.keys[0], checked.waiter, checked.kind)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.label} namespace={self.namespace!r}>"
@@ -170,13 +172,13 @@ class TableStore(_TableBase):
                 result = ops.claimed(rows(ops.claim(name, checked.token, checked.lease, self._info()), key, "acquire"))
                 return result or ops.busy(rows(ops.holder_of(name), key, "acquire"))
             return self._answer(self._run(self._ops.acquire(checked, self._info()), key, "acquire"))
-        except BaseException:
-            self._undo_quietly(checked)
+        except BaseException as exc:
+            self._undo_quietly(checked, leave=not isinstance(exc, Exception))
             raise
 
-    def _undo_quietly(self, checked: AcquireRequest) -> None:
+    def _undo_quietly(self, checked: AcquireRequest, leave: bool) -> None:
         try:
-            self._run(self._undo(checked.keys, checked.token), checked.keys[0], "undo")
+            self._run(self._undo(checked, leave), checked.keys[0], "undo")
         except Exception:  # noqa: BLE001 - best effort: the lease ends by itself
             pass
 
@@ -320,15 +322,19 @@ class AsyncBridgeStore(_TableBase):
         checked = store._check(request)
         try:
             result = store._run(store._ops.acquire(checked, info), request.keys[0], "acquire")
-        except BaseException:
-            store._undo_quietly(checked)
+        except BaseException as exc:
+            store._undo_quietly(checked, leave=not isinstance(exc, Exception))
             raise
         return store._answer(result)
 
     def _give_back(self, done: concurrent.futures.Future[AcquireResult], request: AcquireRequest) -> None:
-        if done.cancelled() or done.exception() is not None or not done.result().acquired:
+        """After an acquire whose task was cancelled: give back what it took, and its queue
+        place (its waiter left; the engine's own unqueue may have run before the attempt
+        queued). An attempt that failed undid itself; one never started did nothing."""
+        if done.cancelled() or done.exception() is not None:
             return
-        self._store._undo_quietly(self._check(request))
+        if done.result().acquired or (request.waiter is not None and request.kind in ("fair", "write")):
+            self._store._undo_quietly(self._check(request), leave=True)
 
     async def release(self, key: str, token: str, kind: str = "lock") -> ReleaseResult:
         return await self._call(self._store.release, key, token, kind)
@@ -385,16 +391,17 @@ class AsyncTableStore(_TableBase):
                 claimed = ops.claimed(await rows(claim, key, "acquire"))
                 return claimed or ops.busy(await rows(ops.holder_of(name), key, "acquire"))
             result = await self._driver.run(self._ops.acquire(checked, self._info()), key, "acquire")
-        except BaseException:
-            task = asyncio.get_running_loop().create_task(self._undo_quietly(checked))
+        except BaseException as exc:
+            leave = not isinstance(exc, Exception)
+            task = asyncio.get_running_loop().create_task(self._undo_quietly(checked, leave))
             self._undoing.add(task)
             task.add_done_callback(self._undoing.discard)
             raise
         return self._answer(result)
 
-    async def _undo_quietly(self, checked: AcquireRequest) -> None:
+    async def _undo_quietly(self, checked: AcquireRequest, leave: bool) -> None:
         try:
-            await self._driver.run(self._undo(checked.keys, checked.token), checked.keys[0], "undo")
+            await self._driver.run(self._undo(checked, leave), checked.keys[0], "undo")
         except Exception:  # noqa: BLE001 - best effort: the lease ends by itself
             pass
 
