@@ -139,7 +139,18 @@ def open_sqlite_store(url: str, *, namespace: str = "lockaspect:", **options: An
     _prepare_sqlite(connect, create, url, resolved)
     backend = Backend(SQLITE, label, _sqlite_transient, _sqlite_broken)
     driver = SyncDriver(backend, Pool(connect, lambda conn: conn.close()))
-    return TableStore(driver, hub_for("sqlite:" + resolved), namespace, twin=AsyncBridgeStore, info=info)
+    hub = hub_for("sqlite:" + resolved)
+
+    def connect_inline() -> sqlite3.Connection:  # an asyncio twin's: never waits for the write lock
+        conn = sqlite3.connect(resolved, timeout=0, isolation_level=None, check_same_thread=False)
+        conn.execute("PRAGMA synchronous=NORMAL")
+        return conn
+
+    def twin(store: TableStore) -> AsyncBridgeStore:
+        inline = SyncDriver(backend, Pool(connect_inline, lambda conn: conn.close(), keep=1))
+        return AsyncBridgeStore(store, TableStore(inline, hub, store.namespace, twin=twin, info=info))
+
+    return TableStore(driver, hub, namespace, twin=twin, info=info)
 
 
 def _prepare_sqlite(connect: Any, create: bool, url: str, path: str) -> None:
