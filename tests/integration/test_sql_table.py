@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from lockaspect import LockClient, LockLost
+from lockaspect import ConfigurationError, LockClient, LockLost, LockNotAcquired
 from lockaspect.backends import open_store
 from lockaspect.backends.base import AcquireRequest, Capability, ReleaseResult, RenewItem
 from lockaspect.backends.sql.table import TableStore
@@ -182,7 +182,7 @@ def test_processes_count_exactly(url: str, namespace: str, tmp_path: Path, kind:
 
 HOLDER = """
 import sys, threading
-from lockaspect import LockClient, LockLost
+from lockaspect import ConfigurationError, LockClient, LockLost, LockNotAcquired
 
 url, namespace = sys.argv[1:]
 told = threading.Event()
@@ -522,3 +522,27 @@ def test_a_waiting_thread_takes_the_lock_when_the_holder_thread_releases(tmp_pat
         waiter.join(60)
         assert order == ["released", "acquired"]
         assert len(waiter_done) == 1
+
+
+@pytest.mark.parametrize("prepared", ["true", "false"])
+def test_prepared_statements_option(postgres_server: PostgresServer, namespace: str, prepared: str) -> None:
+    """``prepared_statements`` (off by default, for PgBouncer) changes how statements are sent,
+    never what they do: a cycle, a busy attempt and a renewal behave the same either way."""
+    url = postgres_server.url.replace("postgresql://", "postgresql+table://", 1) + f"?prepared_statements={prepared}"
+    client = LockClient.from_url(url, namespace=namespace)
+    other = LockClient.from_url(url, namespace=namespace)
+    try:
+        for _ in range(8):  # past psycopg's automatic-prepare threshold
+            with client.lock("k") as lease:
+                with pytest.raises(LockNotAcquired), other.lock("k"):
+                    pass
+                assert not lease.lost
+    finally:
+        client.close()
+        other.close()
+
+
+def test_prepared_statements_bad_value(postgres_server: PostgresServer) -> None:
+    url = postgres_server.url.replace("postgresql://", "postgresql+table://", 1) + "?prepared_statements=maybe"
+    with pytest.raises(ConfigurationError, match="prepared_statements must be true or false"):
+        LockClient.from_url(url)

@@ -226,7 +226,10 @@ def open_table_store(url: str, *, namespace: str = "lockaspect:", **options: Any
 
     Options (keywords, or the URL's query string, next to libpq's own such as
     ``sslmode``): ``create_schema`` (default true), ``connect_timeout`` (seconds, default 10),
-    ``owner_info`` (default true).
+    ``owner_info`` (default true), ``prepared_statements`` (default false: server-side
+    prepared statements make each statement cheaper for the server, but break behind a
+    PgBouncer older than 1.21 or without ``max_prepared_statements``; turn them on when you
+    connect directly).
 
     Raises:
         ConfigurationError: a malformed URL or option, psycopg missing, missing tables with
@@ -243,7 +246,7 @@ def open_table_store(url: str, *, namespace: str = "lockaspect:", **options: Any
     if scheme not in ("postgresql", "postgres") or mode != "table" or not url.startswith(parts.scheme + "://"):
         raise ConfigurationError(f"a lease-table URL is postgresql+table://..., got {redacted(url)!r}")
     query = dict(parse_qsl(parts.query, keep_blank_values=True))
-    ours = {"create_schema", "connect_timeout", "owner_info"}
+    ours = {"create_schema", "connect_timeout", "owner_info", "prepared_statements"}
     opts = _options("", {**{k: v for k, v in query.items() if k in ours}, **options}, ours, url)
     libpq = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k not in ours]
     conninfo = parts._replace(scheme="postgresql", query=urlencode(libpq, quote_via=quote)).geturl()
@@ -254,6 +257,7 @@ def open_table_store(url: str, *, namespace: str = "lockaspect:", **options: Any
     create = _flag(opts.get("create_schema", True), "create_schema")
     timeout = _seconds(opts.get("connect_timeout", 10), "connect_timeout")
     info = _flag(opts.get("owner_info", True), "owner_info")
+    prepare = 0 if _flag(opts.get("prepared_statements", False), "prepared_statements") else None
     if not isinstance(namespace, str):
         raise ConfigurationError(f"namespace must be a str, got {namespace!r}")
     label = redacted(url)
@@ -261,7 +265,7 @@ def open_table_store(url: str, *, namespace: str = "lockaspect:", **options: Any
     backend = Backend(POSTGRES, label, _pg_transient, _pg_broken, (_SERIALISE, _table_key), socket_alive)
 
     def connect() -> Any:
-        return psycopg.Connection.connect(conninfo, autocommit=True, prepare_threshold=None, connect_timeout=seconds)
+        return psycopg.Connection.connect(conninfo, autocommit=True, prepare_threshold=prepare, connect_timeout=seconds)
 
     try:
         conn = connect()
@@ -278,7 +282,7 @@ def open_table_store(url: str, *, namespace: str = "lockaspect:", **options: Any
     def twin(store: TableStore) -> AsyncTableStore:
         async def aconnect() -> Any:
             return await psycopg.AsyncConnection.connect(
-                conninfo, autocommit=True, prepare_threshold=None, connect_timeout=seconds
+                conninfo, autocommit=True, prepare_threshold=prepare, connect_timeout=seconds
             )
 
         return AsyncTableStore(AsyncDriver(backend, aconnect), hub, store.namespace, info)
