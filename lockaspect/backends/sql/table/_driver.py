@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Generic, NamedTuple, TypeVar
 
 from ....errors import BackendError
-from ._ops import Begin, Op, Query, Rollback
+from ._ops import Begin, Counted, Op, Query, Rollback
 from ._sql import Dialect
 
 __all__ = ["AsyncDriver", "Backend", "Pool", "SyncDriver", "socket_alive"]
@@ -151,12 +151,24 @@ class SyncDriver(_DriverBase):
 
     def rows(self, query: Query, key: str | None, action: str) -> list[Any]:
         """The rows of one statement in autocommit (errors as :meth:`run` raises them)."""
+        rows: list[Any] = self._one(query, key, action, False)
+        return rows
+
+    def count(self, query: Query, key: str | None, action: str) -> int:
+        """How many rows one statement without results changed, in autocommit."""
+        count: int = self._one(query, key, action, True)
+        return count
+
+    def _one(self, query: Query, key: str | None, action: str, count: bool) -> Any:
         pool = self.pool
         conn = None
         try:
             conn = pool.take()
             cursor = conn.execute(query.sql, query.params)
-            rows = list(cursor.fetchall()) if cursor.description is not None else []
+            if count:
+                rows: Any = cursor.rowcount
+            else:
+                rows = list(cursor.fetchall()) if cursor.description is not None else []
         except BaseException as exc:
             self._failed(exc, conn)
             failure = self.error(exc, key, action)
@@ -204,6 +216,8 @@ class SyncDriver(_DriverBase):
             while True:
                 if type(step) is Query:
                     sent: Any = _rows(conn.execute(step.sql, step.params))
+                elif type(step) is Counted:
+                    sent = conn.execute(step.sql, step.params).rowcount
                 else:
                     assert isinstance(step, Begin)
                     conn.execute(self.dialect.begin)
@@ -246,6 +260,14 @@ class AsyncDriver(_DriverBase):
 
         def one() -> Op[list[Any]]:
             return (yield query)  # type: ignore[no-any-return]
+
+        return await self.run(one(), key, action)
+
+    async def count(self, query: Query, key: str | None, action: str) -> int:
+        """How many rows one statement without results changed, in autocommit."""
+
+        def one() -> Op[int]:
+            return (yield Counted(query.sql, query.params))  # type: ignore[no-any-return]
 
         return await self.run(one(), key, action)
 
@@ -300,6 +322,8 @@ class AsyncDriver(_DriverBase):
                 if type(step) is Query:
                     cursor = await conn.execute(step.sql, step.params)
                     sent: Any = await cursor.fetchall() if cursor.description is not None else []
+                elif type(step) is Counted:
+                    sent = (await conn.execute(step.sql, step.params)).rowcount
                 else:
                     assert isinstance(step, Begin)
                     await conn.execute(self.dialect.begin)

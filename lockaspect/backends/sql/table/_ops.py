@@ -23,7 +23,7 @@ from ...._policy import FAIR_GONE_AFTER
 from ...base import AcquireRequest, AcquireResult, KeyState, ReleaseResult, RenewItem, RenewStatus
 from ._sql import Dialect
 
-__all__ = ["QUEUE_TTL", "Begin", "Op", "Query", "Rollback", "TableOps", "place"]
+__all__ = ["QUEUE_TTL", "Begin", "Counted", "Op", "Query", "Rollback", "TableOps", "place"]
 
 _T = TypeVar("_T")
 
@@ -58,6 +58,13 @@ class Query(NamedTuple):
     params: dict[str, Any]
 
 
+class Counted(NamedTuple):
+    """Run ``sql`` with ``params``; the driver sends back how many rows it changed."""
+
+    sql: str
+    params: dict[str, Any]
+
+
 class Rollback(Exception):
     """Roll the transaction back and answer ``result``."""
 
@@ -66,7 +73,7 @@ class Rollback(Exception):
         self.result = result
 
 
-Op = Generator["Begin | Query", Any, _T]
+Op = Generator["Begin | Query | Counted", Any, _T]
 
 
 def place(kind: str, token: str) -> tuple[str, str]:
@@ -360,14 +367,14 @@ class TableOps:
     # -- release, re-entry, renewal, queues -----------------------------------------------
 
     def release(self, name: str, token: str, kind: str) -> Query:
-        """The release of ``token``'s hold: its row deleted if ``token`` has it (an expired
-        one is deleted too, and answered ``NOT_OWNER``; see :meth:`released`)."""
+        """The release of ``token``'s hold: its row deleted if ``token`` has it alive (an
+        expired one stays for the next claim or the sweep); :meth:`released` reads the count."""
         space, slot = place(kind, token)
         return Query(self.d.release, {"name": name, "space": space, "slot": slot, "owner": token})
 
     @staticmethod
-    def released(rows: list[Any]) -> ReleaseResult:
-        return ReleaseResult.RELEASED if rows and rows[0][0] else ReleaseResult.NOT_OWNER
+    def released(deleted: int) -> ReleaseResult:
+        return ReleaseResult.RELEASED if deleted > 0 else ReleaseResult.NOT_OWNER
 
     def reenter(self, name: str, token: str, kind: str) -> Query:
         """Whether ``token`` still holds ``name``: any row is yes."""

@@ -100,8 +100,8 @@ SELECT owner, expires_at - {now}, fence FROM lockaspect_holds WHERE name = :name
 """
 
 _RELEASE = """
-DELETE FROM lockaspect_holds WHERE name = :name AND space = :space AND slot = :slot AND owner = :owner
-RETURNING expires_at > {now}
+DELETE FROM lockaspect_holds
+WHERE name = :name AND space = :space AND slot = :slot AND owner = :owner AND expires_at > {now}
 """
 
 _HELD = """

@@ -192,7 +192,7 @@ class TableStore(_TableBase):
         """``RELEASED`` (waking this process's waiters of ``key``), or ``NOT_OWNER``."""
         self._check_kind(kind, key)
         name = self.namespace + key
-        released = self._ops.released(self._driver.rows(self._ops.release(name, token, kind), key, "release"))
+        released = self._ops.released(self._driver.count(self._ops.release(name, token, kind), key, "release"))
         if released is ReleaseResult.RELEASED:
             self._hub.wake(name)
         return released
@@ -431,7 +431,7 @@ class AsyncTableStore(_TableBase):
     async def release(self, key: str, token: str, kind: str = "lock") -> ReleaseResult:
         self._check_kind(kind, key)
         name = self.namespace + key
-        released = self._ops.released(await self._driver.rows(self._ops.release(name, token, kind), key, "release"))
+        released = self._ops.released(await self._driver.count(self._ops.release(name, token, kind), key, "release"))
         if released is ReleaseResult.RELEASED:
             self._hub.wake(name)
         return released
