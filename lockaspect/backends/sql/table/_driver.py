@@ -183,7 +183,8 @@ class SyncDriver(_DriverBase):
         keeps it; anything else (an interrupt mid-statement) leaves its state unknown."""
         if conn is None:
             return
-        if self.backend.transient(exc) is not None and not self.backend.broken(exc):
+        in_transaction = getattr(conn, "in_transaction", False) is True  # sqlite3's; libpq's is checked when taken
+        if self.backend.transient(exc) is not None and not self.backend.broken(exc) and not in_transaction:
             self.pool.give(conn)
         else:
             self.pool.discard(conn)
@@ -230,10 +231,10 @@ class SyncDriver(_DriverBase):
                 step = op.send(sent)
         except StopIteration as stop:
             if in_transaction:
-                conn.execute("COMMIT")
+                self._end(conn, "COMMIT")
             return stop.value  # type: ignore[no-any-return]
         except Rollback as rollback:
-            conn.execute("ROLLBACK")
+            self._end(conn, "ROLLBACK")
             return rollback.result  # type: ignore[no-any-return]
         except BaseException:
             op.close()
@@ -242,6 +243,21 @@ class SyncDriver(_DriverBase):
                     conn.execute("ROLLBACK")
                 except Exception:  # noqa: BLE001 - the caller discards the connection
                     pass
+            raise
+
+    @staticmethod
+    def _end(conn: Any, sql: str) -> None:
+        """End the transaction with ``sql``; if that fails (SQLite's COMMIT is busy while
+        another connection reads a file in rollback-journal mode, a full disk), roll it back,
+        so that the connection goes back to the pool outside any transaction (else it would
+        keep the file's write lock, and run later statements in a transaction never committed)."""
+        try:
+            conn.execute(sql)
+        except BaseException:
+            try:
+                conn.execute("ROLLBACK")
+            except Exception:  # noqa: BLE001 - _failed drops a connection still in a transaction
+                pass
             raise
 
 
