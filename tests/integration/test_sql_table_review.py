@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import secrets
 import sqlite3
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from lockaspect import BackendError
+from lockaspect.backends import open_store
 from lockaspect.backends.base import AcquireRequest, ReleaseResult
-from lockaspect.backends.sql.table import open_sqlite_store, schema_sql
+from lockaspect.backends.sql.table import TableStore, open_sqlite_store, schema_sql
+from lockaspect.testing import PostgresServer
 
 
 def hand_made(path: Path) -> None:
@@ -46,4 +50,56 @@ def test_a_failed_commit_does_not_leave_a_pooled_connection_inside_its_transacti
         assert store.release("other", token) is ReleaseResult.RELEASED
     finally:
         reader.close()
+        store.close()
+
+
+def test_postgres_a_claim_that_began_before_a_whole_hold_still_gets_a_larger_token(
+    postgres_server: PostgresServer, namespace: str
+) -> None:
+    """A claim's statement draws a token when it starts; if a whole other hold (taken and
+    released) happens before the claim writes its row, the claim must still end up with a
+    token larger than that hold's. Forced here without timing: the claim waits on the row lock
+    of a transaction that takes and ends a hold, then commits."""
+    url = postgres_server.url.replace("postgresql://", "postgresql+table://", 1)
+    store = open_store(url, namespace=namespace)
+    assert isinstance(store, TableStore)
+    name = namespace + "k"
+    try:
+        token = secrets.token_hex(16)
+        first = store.acquire(AcquireRequest("lock", ("k",), token, 30.0))
+        assert first.acquired
+        assert store.release("k", token) == ReleaseResult.RELEASED
+        with postgres_server.connect() as blocker:
+            blocker.execute("BEGIN")  # holds the row's lock from here to COMMIT
+            blocker.execute("UPDATE lockaspect_holds SET owner = 'other' WHERE name = %s AND space = 'lock'", (name,))
+            claim: dict[str, Any] = {}
+
+            def claimer() -> None:  # draws its token now, then waits for the blocker's row lock
+                claim["result"] = store.acquire(AcquireRequest("lock", ("k",), secrets.token_hex(16), 30.0))
+
+            thread = threading.Thread(target=claimer)
+            thread.start()
+            waiting = postgres_server.connect()
+            try:
+                while not waiting.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                ).fetchone()[0]:
+                    threading.Event().wait(0.005)  # polling the server's own view, not a timing guess
+            finally:
+                waiting.close()
+            # the claim drew its token and waits: now the other holder's whole hold, a newer token
+            other = blocker.execute(
+                "UPDATE lockaspect_holds SET expires_at = 1e12, fence = nextval('lockaspect_fence') "
+                "WHERE name = %s AND space = 'lock' AND slot = '' RETURNING fence",
+                (name,),
+            ).fetchone()[0]
+            blocker.execute(
+                "UPDATE lockaspect_holds SET owner = '', expires_at = 0 WHERE name = %s AND space = 'lock'", (name,)
+            )
+            blocker.execute("COMMIT")
+            thread.join(30)
+        result = claim["result"]
+        assert result.acquired
+        assert result.fencing_token > other > first.fencing_token
+    finally:
         store.close()

@@ -164,7 +164,15 @@ class TableOps:
             f"SELECT DISTINCT name FROM lockaspect_holds WHERE name >= :low AND name < :high "
             f"AND expires_at > {dialect.now} ORDER BY name"
         )
-        self._force = t(f"DELETE FROM lockaspect_holds WHERE name = :name RETURNING expires_at > {dialect.now}")
+        if dialect.name == "postgresql":  # exclusive rows end, and stay (see _sql._END)
+            self._force = t(
+                f"WITH shared AS (DELETE FROM lockaspect_holds WHERE name = :name AND slot <> '' "
+                f"RETURNING expires_at > {now} AS live), exclusive AS (UPDATE lockaspect_holds "
+                f"SET owner = '', expires_at = 0 WHERE name = :name AND slot = '' AND expires_at > {now} "
+                "RETURNING true AS live) SELECT live FROM shared UNION ALL SELECT live FROM exclusive"
+            )
+        else:
+            self._force = t(f"DELETE FROM lockaspect_holds WHERE name = :name RETURNING expires_at > {now}")
         self._sweep = t(f"DELETE FROM lockaspect_holds WHERE expires_at <= {dialect.now} - :grace")
 
     # -- acquire --------------------------------------------------------------------------
@@ -370,7 +378,8 @@ class TableOps:
         """The release of ``token``'s hold: its row deleted if ``token`` has it alive (an
         expired one stays for the next claim or the sweep); :meth:`released` reads the count."""
         space, slot = place(kind, token)
-        return Query(self.d.release, {"name": name, "space": space, "slot": slot, "owner": token})
+        sql = self.d.release_exclusive if slot == "" else self.d.release
+        return Query(sql, {"name": name, "space": space, "slot": slot, "owner": token})
 
     @staticmethod
     def released(deleted: int) -> ReleaseResult:

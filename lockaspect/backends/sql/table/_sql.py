@@ -72,14 +72,16 @@ _PARAM = re.compile(r"(?<!:):([a-z_][a-z_0-9]*)")
 
 #: Take (or keep) the exclusive hold of ``(name, space)`` for ``owner``: a fresh hold where
 #: there is none or the last one expired; the same hold (same fence) for its own owner, whose
-#: lease is extended. No row returned: another owner holds it.
+#: lease is extended. No row returned: another owner holds it. A taken-over row's fence is
+#: drawn when the row is written (``{fence_on_write}``): on PostgreSQL, a token drawn when the
+#: statement began could be older than one issued to a holder that came and went meanwhile.
 _CLAIM = """
 INSERT INTO lockaspect_holds (name, space, slot, owner, kind, expires_at, fence, info, acquired_at)
 VALUES (:name, :space, '', :owner, :kind, {now} + :lease, {next_fence}, :info, {now})
 ON CONFLICT (name, space, slot) DO UPDATE SET
     owner = excluded.owner, kind = excluded.kind, expires_at = excluded.expires_at, info = excluded.info,
     fence = CASE WHEN lockaspect_holds.owner = excluded.owner AND lockaspect_holds.expires_at > {now}
-        THEN lockaspect_holds.fence ELSE excluded.fence END,
+        THEN lockaspect_holds.fence ELSE {fence_on_write} END,
     acquired_at = CASE WHEN lockaspect_holds.owner = excluded.owner AND lockaspect_holds.expires_at > {now}
         THEN lockaspect_holds.acquired_at ELSE excluded.acquired_at END
 WHERE lockaspect_holds.expires_at <= {now} OR lockaspect_holds.owner = excluded.owner
@@ -101,6 +103,15 @@ SELECT owner, expires_at - {now}, fence FROM lockaspect_holds WHERE name = :name
 
 _RELEASE = """
 DELETE FROM lockaspect_holds
+WHERE name = :name AND space = :space AND slot = :slot AND owner = :owner AND expires_at > {now}
+"""
+
+#: PostgreSQL releases an exclusive hold by ending it, keeping its row: a claim that began
+#: before and meets the row later takes it over with a token drawn then (see _CLAIM), where a
+#: deleted row would let it insert the token it drew before. The sweep deletes such rows a
+#: minute after they ended.
+_END = """
+UPDATE lockaspect_holds SET owner = '', expires_at = 0
 WHERE name = :name AND space = :space AND slot = :slot AND owner = :owner AND expires_at > {now}
 """
 
@@ -131,10 +142,13 @@ class Dialect:
         begin: The statement that opens a write transaction.
     """
 
-    def __init__(self, name: str, now: str, next_fence: str, schema: str, begin: str, pyformat: bool) -> None:
+    def __init__(
+        self, name: str, now: str, next_fence: str, fence_on_write: str, schema: str, begin: str, pyformat: bool
+    ) -> None:
         self.name = name
         self.now = now
         self.next_fence = next_fence
+        self.fence_on_write = fence_on_write
         self.schema = schema
         self.begin = begin
         self._pyformat = pyformat
@@ -143,12 +157,16 @@ class Dialect:
         self.share_at = self.text(_SHARE, now=":now")
         self.holder = self.text(_HOLDER)
         self.release = self.text(_RELEASE)
+        #: The release of an exclusive hold (the row ends; SQLite, whose writers are serial,
+        #: deletes it).
+        self.release_exclusive = self.text(_END if name == "postgresql" else _RELEASE)
         self.held = self.text(_HELD)
         self._renew: dict[int, str] = {}
 
     def text(self, sql: str, now: str | None = None) -> str:
         """``sql`` with the clock and fence filled in and its parameters in the driver's style."""
         sql = sql.strip().replace("{now}", now or self.now).replace("{next_fence}", self.next_fence)
+        sql = sql.replace("{fence_on_write}", self.fence_on_write)
         if self._pyformat:
             sql = _PARAM.sub(r"%(\1)s", sql.replace("%", "%%"))
         return sql
@@ -167,6 +185,7 @@ SQLITE = Dialect(
     "sqlite",
     now="((julianday('now') - 2440587.5) * 86400.0)",
     next_fence="(SELECT coalesce(max(fence), 0) + 1 FROM lockaspect_fences WHERE name = :name)",
+    fence_on_write="excluded.fence",  # one writer at a time: the statement's token is current
     schema=_SQLITE_SCHEMA,
     begin="BEGIN IMMEDIATE",
     pyformat=False,
@@ -176,6 +195,7 @@ POSTGRES = Dialect(
     "postgresql",
     now="extract(epoch FROM clock_timestamp())::float8",
     next_fence="nextval('lockaspect_fence')",
+    fence_on_write="nextval('lockaspect_fence')",
     schema=_POSTGRES_SCHEMA,
     begin="BEGIN",
     pyformat=True,
