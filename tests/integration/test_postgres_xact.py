@@ -373,6 +373,38 @@ class TestDecorator:
         asyncio.run(main())
 
 
+    def test_async_wait_cancelled_leaves_the_transaction_usable(self, pg: Any, client: LockClient) -> None:
+        """A task cancelled while it waits for a busy lock: the wait's savepoint is rolled back,
+        so the caller's transaction goes on (and nothing is locked by it)."""
+
+        async def main() -> None:
+            holder = await psycopg.AsyncConnection.connect(pg.url)
+            conn = await psycopg.AsyncConnection.connect(pg.url)
+            locked = client.lock("busy", scope="transaction", connection=holder)
+            async with holder, conn, holder.transaction(), locked, conn.transaction():
+                waiting = asyncio.ensure_future(_wait_on(client, conn))
+                while not await _is_waiting(holder):  # the server says it queues
+                    await asyncio.sleep(0.005)
+                waiting.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await waiting
+                cursor = await conn.execute("SELECT 41 + 1")  # the transaction still works
+                assert await cursor.fetchone() == (42,)
+
+        asyncio.run(main())
+
+
+async def _wait_on(client: LockClient, conn: Any) -> None:
+    async with client.lock("busy", scope="transaction", connection=conn, wait=None):
+        raise AssertionError("the lock is held by the other transaction")
+
+
+async def _is_waiting(conn: Any) -> bool:
+    cursor = await conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")
+    row = await cursor.fetchone()
+    return bool(row and row[0])
+
+
 class TestSQLAlchemy:
     @pytest.fixture
     def engine(self, pg: Any) -> Iterator[Any]:

@@ -146,6 +146,13 @@ def acquire(key: str, advisory: int, wait: float | None, shared: bool) -> Genera
                 waited=waited,
             ) from exc
         raise _failed(exc, key, "locking") from exc
+    except BaseException:  # cancelled or interrupted while waiting: the caller's transaction stays usable
+        try:
+            yield ROLLBACK, None
+            yield RELEASE, None
+        except BaseException:  # noqa: BLE001 - the first interruption is the one to report
+            pass
+        raise
     try:
         yield RELEASE, None
     except Exception as exc:
@@ -173,7 +180,7 @@ def run(steps: Generator[Step, Row | None, Any], execute: Callable[[Step], Row |
     while True:
         try:
             row = execute(step)
-        except Exception as exc:  # noqa: BLE001 - thrown into the steps, which map it or re-raise it
+        except BaseException as exc:  # noqa: BLE001 - thrown into the steps, which map it or re-raise it
             try:
                 step = steps.throw(exc)
             except StopIteration as stop:
@@ -191,7 +198,7 @@ async def arun(steps: Generator[Step, Row | None, Any], execute: Callable[[Step]
     while True:
         try:
             row = await execute(step)
-        except Exception as exc:  # noqa: BLE001 - thrown into the steps, which map it or re-raise it
+        except BaseException as exc:  # noqa: BLE001 - thrown into the steps, which map it or re-raise it
             try:
                 step = steps.throw(exc)
             except StopIteration as stop:
