@@ -11,7 +11,8 @@ traffic, and a busy event loop, never delay it), and reads one status per lease:
 * renewed: the lease end moves to ``sent + lease`` (measured from when the request left,
   a conservative local estimate; the store confirmed it held the lease without a gap, so
   this holds even when the reply is read late) and the next attempt is
-  ``delay_weight * lease`` later;
+  ``delay_weight * lease`` later (:data:`SESSION_PROBE` later on a SESSION_BOUND store, whose
+  renewal probes the session);
 * not ours: the lease is lost at once (unless its release is in flight: a release that
   overtook the renewal is not a loss);
 * that item, or the whole round trip, failed: retried with short backoff while the lease
@@ -40,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from . import _policy
 from ._wakeup import Wakeup
-from .backends.base import RenewItem
+from .backends.base import Capability, RenewItem
 from .errors import BackendError
 from .observe import LockEvent
 from .renewal import ARMED, CLOSED, DISPATCH_ALLOWANCE, FINAL, IN_FLIGHT, QUEUED, Renewal
@@ -56,6 +57,11 @@ log = logging.getLogger("lockaspect.watchdog")
 
 #: Most leases renewed in one round trip; more that fall due go in the next, at once.
 BATCH: Final = 2048
+
+#: Seconds between renewals of a lease whose store is SESSION_BOUND (at least one tick): the
+#: renewal probes the session, and the server frees a lost session's locks at once, so the
+#: holder must hear of it soon, not at ``delay_weight * lease``.
+SESSION_PROBE: Final = 1.0
 
 #: Renewal answers applied per hold of the watchdog's lock.
 APPLY_CHUNK: Final = 256
@@ -125,6 +131,8 @@ class Watchdog:
         self._renew_due_cb = self._renew_due
         self._deadline_due_cb = self._deadline_due
         self._failing = False  # for logging the start and end of an outage once each
+        bound = bool(backend.capabilities & Capability.SESSION_BOUND)
+        self._probe_every = max(timer.tick, SESSION_PROBE) if bound else None
         self._thread: threading.Thread | None = None
         self._stopping = False
         self.stats = WatchdogStats()
@@ -199,6 +207,8 @@ class Watchdog:
             self._ensure_deadline(record)
             return
         at = _policy.first_renewal_at(record.renewed_at, record.ends_at - record.renewed_at, record.delay_weight)
+        if self._probe_every is not None:
+            at = min(at, record.renewed_at + self._probe_every)
         # A tick early: the wheel fires up to a tick late, and never early.
         self._arm_renewal(record, at - self._timer.tick)
 

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -174,6 +175,35 @@ def test_terminated_backend_is_a_lost_lock(
         hold()
     with client.lock("term", wait=BOUND) as again:
         assert again.fencing_token > seen[0].fencing_token
+
+
+@pytest.mark.slow
+def test_a_lost_session_is_noticed_long_before_the_lease_would_be_renewed(
+    make_pg: Callable[..., LockClient], postgres_server: Any, pg_namespace: str
+) -> None:
+    """With the default 30 s watchdog lease, renewals fall due after 27 s, but the server frees
+    a terminated session's locks at once: the holder's session is probed every second
+    (watchdog.SESSION_PROBE), so it is told while most of its lease is still ahead."""
+    client = make_pg(watchdog_lease=30.0, tick=0.1)
+    told: list[float] = []
+    called = threading.Event()
+
+    def on_lost(lease: Any) -> None:
+        told.append(time.monotonic())
+        called.set()
+
+    taken: list[float] = []
+
+    def hold() -> None:
+        with client.lock("soon", on_lost=on_lost):
+            taken.append(time.monotonic())
+            _terminate_holder(postgres_server, pg_namespace, "soon")
+            called.wait(BOUND + 30)
+
+    with pytest.raises(LockLost):
+        hold()
+    # told while most of the lease was ahead: the first renewal is due only after 27 s
+    assert told[0] - taken[0] < 15.0
 
 
 def test_terminated_backend_cancels_an_async_body(
