@@ -41,12 +41,17 @@ def resolve_url(url: str) -> str:
     their working directory; other URLs are returned unchanged.
 
     Raises:
-        DataUnavailable: a scheme the demo does not run on, or a malformed SQLite URL.
+        DataUnavailable: a scheme the demo does not run on, a malformed SQLite URL, or a
+            SQLite file whose directory does not exist.
     """
     scheme = urlsplit(url).scheme.lower()
     if scheme == "sqlite":
         parts = urlsplit(url)
         path = _sqlite_path(url)
+        if not path.parent.is_dir():
+            given = Path(unquote(parts.path[1:]))
+            hint = "" if given.is_absolute() else f"; for an absolute path write sqlite:////{given}"
+            raise DataUnavailable(f"cannot create {path}: the directory {str(path.parent)!r} does not exist{hint}")
         query = f"?{parts.query}" if parts.query else ""
         return f"sqlite:///{path}{query}"  # an absolute path: sqlite:////abs/path.db
     if scheme in _REDIS_SCHEMES:
