@@ -44,7 +44,7 @@ class _Stale(Exception):
 log = logging.getLogger("lockaspect.postgres")
 
 #: What the advisory store declares: holds live with their session (no lease to renew; the
-#: watchdog's renewal probes each holder session once per tick), fencing tokens from one
+#: watchdog's renewal probes each holder session once a second), fencing tokens from one
 #: sequence, multi-key locks, and release messages in the sense of the engine: a waiter
 #: blocks in the server's queue until the lock is granted to it.
 CAPABILITIES = (
