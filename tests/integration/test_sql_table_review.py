@@ -103,3 +103,27 @@ def test_postgres_a_claim_that_began_before_a_whole_hold_still_gets_a_larger_tok
         assert result.fencing_token > other > first.fencing_token
     finally:
         store.close()
+
+
+def test_a_file_locked_while_opening_is_a_transient_backend_error(tmp_path: Path) -> None:
+    """Processes starting together each make the schema: a file another connection holds
+    locked is waited for (busy_timeout), then reported as a transient BackendError, never as a
+    configuration error; once free, the store opens."""
+    path = tmp_path / "locks.db"
+    writer = sqlite3.connect(path, isolation_level=None)
+    try:
+        writer.execute("PRAGMA journal_mode=WAL")
+        writer.execute("BEGIN IMMEDIATE")
+        with pytest.raises(BackendError, match="busy_timeout") as raised:
+            open_sqlite_store(f"sqlite:///{path}", busy_timeout=0.2)
+        assert raised.value.transient
+        writer.execute("ROLLBACK")
+        store = open_sqlite_store(f"sqlite:///{path}", busy_timeout=0.2)
+        writer.execute("BEGIN IMMEDIATE")  # now a lock operation meets the busy file
+        with pytest.raises(BackendError, match="file of their own") as busy:
+            store.acquire(AcquireRequest("lock", ("k",), secrets.token_hex(16), 30.0))
+        assert busy.value.transient
+        writer.execute("ROLLBACK")
+        store.close()
+    finally:
+        writer.close()

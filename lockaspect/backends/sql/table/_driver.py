@@ -44,6 +44,7 @@ class Backend(NamedTuple):
     broken: Callable[[BaseException], bool]
     serialise: tuple[str, Callable[[str], int]] | None = None
     alive: Callable[[Any], bool] | None = None
+    hint: Callable[[BaseException], str] | None = None
 
 
 def socket_alive(conn: Any) -> bool:
@@ -138,7 +139,9 @@ class _DriverBase:
         transient = self.backend.transient(exc)
         if transient is None:
             return exc
-        return BackendError(f"{action} on {self.backend.label} failed: {exc}".rstrip(), key=key, transient=transient)
+        hint = self.backend.hint(exc) if self.backend.hint is not None else ""
+        message = f"{action} on {self.backend.label} failed: {exc}".rstrip() + hint
+        return BackendError(message, key=key, transient=transient)
 
 
 class SyncDriver(_DriverBase):

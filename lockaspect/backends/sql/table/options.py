@@ -5,12 +5,13 @@ are classified."""
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
-from ....errors import ConfigurationError
+from ....errors import BackendError, ConfigurationError
 from ...base import redacted
 from .._keys import advisory_key
 from ._driver import AsyncDriver, Backend, Pool, SyncDriver, socket_alive
@@ -75,6 +76,15 @@ def _sqlite_transient(exc: BaseException) -> bool | None:
     return False if isinstance(exc, sqlite3.Error) else None
 
 
+def _sqlite_hint(exc: BaseException) -> str:
+    if isinstance(exc, sqlite3.OperationalError) and _locked(exc):
+        return (
+            " (another connection kept SQLite's write lock for longer than busy_timeout: keep the locks "
+            "in a file of their own, or raise busy_timeout)"
+        )
+    return ""
+
+
 def _sqlite_broken(exc: BaseException) -> bool:
     return isinstance(exc, sqlite3.ProgrammingError)
 
@@ -136,8 +146,8 @@ def open_sqlite_store(url: str, *, namespace: str = "lockaspect:", **options: An
         conn.execute("PRAGMA synchronous=NORMAL")
         return conn
 
-    _prepare_sqlite(connect, create, url, resolved)
-    backend = Backend(SQLITE, label, _sqlite_transient, _sqlite_broken)
+    _prepare_sqlite(connect, create, url, resolved, busy)
+    backend = Backend(SQLITE, label, _sqlite_transient, _sqlite_broken, hint=_sqlite_hint)
     driver = SyncDriver(backend, Pool(connect, lambda conn: conn.close()))
     hub = hub_for("sqlite:" + resolved)
 
@@ -153,8 +163,45 @@ def open_sqlite_store(url: str, *, namespace: str = "lockaspect:", **options: An
     return TableStore(driver, hub, namespace, twin=twin, info=info)
 
 
-def _prepare_sqlite(connect: Any, create: bool, url: str, path: str) -> None:
-    """Check (and with ``create``, make) the schema; WAL mode; a writable file."""
+def _prepare_sqlite(connect: Any, create: bool, url: str, path: str, busy: float) -> None:
+    """Check (and with ``create``, make) the schema; WAL mode; a writable file. A file another
+    process holds locked (processes starting together, each making the schema) is retried for
+    ``busy`` seconds, then reported as a transient :class:`BackendError`."""
+    deadline = time.monotonic() + busy
+    while True:
+        try:
+            _prepare_once(connect, create, url, path)
+            return
+        except sqlite3.OperationalError as exc:
+            if not _locked(exc):
+                raise _prepare_error(exc, url, path) from exc
+            if time.monotonic() >= deadline:
+                raise BackendError(
+                    f"{url!r}: the file stayed locked by another connection's write for busy_timeout "
+                    f"({busy:g}s) while opening the lock store; retry, or keep the locks in a file of their own",
+                    transient=True,
+                ) from exc
+            time.sleep(0.01)  # PRAGMA journal_mode does not wait for a busy file by itself
+
+
+def _locked(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return "locked" in text or "busy" in text
+
+
+def _prepare_error(exc: sqlite3.Error, url: str, path: str) -> ConfigurationError:
+    text = str(exc)
+    if "no such table" in text:
+        return ConfigurationError(
+            f"{url!r}: {text}; open it with create_schema=True, or create the tables with "
+            "lockaspect.backends.sql.table.schema_sql('sqlite')"
+        )
+    if _read_only(exc):
+        return ConfigurationError(f"{url!r}: {path!r} is read-only: the lock store writes to it")
+    return ConfigurationError(f"{url!r}: {text}")
+
+
+def _prepare_once(connect: Any, create: bool, url: str, path: str) -> None:
     try:
         conn = connect()
     except sqlite3.Error as exc:
@@ -173,16 +220,12 @@ def _prepare_sqlite(connect: Any, create: bool, url: str, path: str) -> None:
             conn.execute(f"SELECT 1 FROM {table} LIMIT 0")
         conn.execute("BEGIN IMMEDIATE")
         conn.execute("ROLLBACK")
+    except sqlite3.OperationalError as exc:
+        if _locked(exc):
+            raise  # retried by the caller
+        raise _prepare_error(exc, url, path) from exc
     except sqlite3.Error as exc:
-        text = str(exc)
-        if "no such table" in text:
-            raise ConfigurationError(
-                f"{url!r}: {text}; open it with create_schema=True, or create the tables with "
-                "lockaspect.backends.sql.table.schema_sql('sqlite')"
-            ) from exc
-        if _read_only(exc):
-            raise ConfigurationError(f"{url!r}: {path!r} is read-only: the lock store writes to it") from exc
-        raise ConfigurationError(f"{url!r}: {text}") from exc
+        raise _prepare_error(exc, url, path) from exc
     finally:
         conn.close()
 
@@ -270,8 +313,6 @@ def open_table_store(url: str, *, namespace: str = "lockaspect:", **options: Any
     try:
         conn = connect()
     except psycopg.Error as exc:
-        from ....errors import BackendError
-
         raise BackendError(f"cannot connect to {label}: {exc}", transient=True) from exc
     try:
         _prepare_postgres(conn, create, label)
