@@ -12,6 +12,7 @@ from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
 from ....errors import ConfigurationError
 from ...base import redacted
+from .. import _pgerrors
 from .._keys import advisory_key
 from ._driver import AsyncDriver, Backend, Pool, SyncDriver, socket_alive
 from ._notify import hub_for
@@ -207,6 +208,8 @@ def _table_key(name: str) -> int:
 def _pg_transient(exc: BaseException) -> bool | None:
     import psycopg
 
+    if isinstance(exc, psycopg.Error) and _pgerrors.permanent(exc):
+        return False  # a wrong password, a missing database or role, pg_hba.conf, sslmode
     if isinstance(exc, (psycopg.OperationalError, psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled)):
         return True
     return False if isinstance(exc, psycopg.Error) else None
@@ -234,7 +237,9 @@ def open_table_store(url: str, *, namespace: str = "lockaspect:", **options: Any
     Raises:
         ConfigurationError: a malformed URL or option, psycopg missing, missing tables with
             ``create_schema=False``.
-        BackendError: the server cannot be reached (transient).
+        BackendError: the server cannot be reached (transient), or refuses the connection
+            for good: a wrong password, a missing database or role, ``pg_hba.conf``, an
+            ``sslmode`` it cannot meet (not transient).
     """
     try:
         import psycopg
@@ -272,6 +277,12 @@ def open_table_store(url: str, *, namespace: str = "lockaspect:", **options: Any
     except psycopg.Error as exc:
         from ....errors import BackendError
 
+        if _pgerrors.permanent(exc):
+            raise BackendError(
+                f"cannot connect to {label}: {_pgerrors.reason(exc)} (a configuration or credentials problem: "
+                "not retried)",
+                transient=False,
+            ) from exc
         raise BackendError(f"cannot connect to {label}: {exc}", transient=True) from exc
     try:
         _prepare_postgres(conn, create, label)
