@@ -348,6 +348,55 @@ def test_unknown_options_are_refused() -> None:
         open_postgres_store("postgresql://127.0.0.1/db", pool_size=0)
 
 
+def test_options_in_the_query_string(postgres_server: Any, pg_namespace: str) -> None:
+    """The store's options may be given in the URL (parsed as the keywords are, keywords
+    winning); libpq's own parameters stay in the URL for libpq."""
+    query = (
+        "?idle_session_timeout=0&pool_size=2&create_schema=false&connect_timeout=5&max_waiters=8"
+        "&application_name=from%20the%20url&target_session_attrs=any&sslmode=disable"
+    )
+    store = open_postgres_store(postgres_server.url + query, namespace=pg_namespace, max_waiters=3)
+    settings = store.settings
+    assert (settings.pool_size, settings.max_waiters, settings.create_schema) == (2, 3, False)
+    assert (settings.connect_timeout, settings.idle_session_timeout) == (5.0, 0.0)
+    assert settings.application_name == "from the url"
+    assert "pool_size" not in settings.url
+    assert "sslmode=disable" in settings.url
+    store.close()
+    with LockClient.from_url(postgres_server.url, namespace=pg_namespace) as client, client.lock("k"):
+        pass  # the schema, for create_schema=false below
+    url = postgres_server.url + "?application_name=lock%26aspect&pool_size=1"
+    with (
+        LockClient.from_url(url, namespace=pg_namespace) as client,
+        client.lock("k"),
+        postgres_server.connect() as conn,
+    ):
+        rows = conn.execute("SELECT application_name FROM pg_stat_activity").fetchall()
+        assert ("lock&aspect",) in rows
+
+
+@pytest.mark.parametrize(
+    ("query", "message"),
+    [
+        ("pool_size=two", "pool_size must be an int, got 'two'"),
+        ("pool_size=0", "pool_size must be at least 1"),
+        ("create_schema=maybe", "create_schema must be True or False, got 'maybe'"),
+        ("connect_timeout=soon", "connect_timeout must be a number of seconds"),
+        ("idle_session_timeout=-1", "idle_session_timeout must be a finite number of seconds >= 0"),
+        ("application_name=", "application_name must be a non-empty str"),
+        ("nosuch=1&sslmode=disable&lease_time=5", "unknown option(s) 'lease_time', 'nosuch'"),
+    ],
+)
+def test_bad_options_in_the_query_string_are_refused_like_keywords(query: str, message: str) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        open_postgres_store("postgresql://u:secret@127.0.0.1/db?" + query)
+    assert message in str(info.value)
+    assert "secret" not in str(info.value)
+    if "unknown" in message:
+        assert "pool_size" in str(info.value)  # the options are listed
+        assert "sslmode" not in str(info.value).partition(" for ")[0]  # libpq's passes
+
+
 def test_the_repr_hides_the_password() -> None:
     store = open_postgres_store("postgresql://u:secret@127.0.0.1:1/db")
     assert "secret" not in repr(store)

@@ -584,6 +584,14 @@ def test_bad_postgres_options_are_refused_before_connecting(url: str, options: d
     refused(url, **options)
 
 
+def test_an_unknown_option_in_the_query_string_lists_the_options() -> None:
+    error = refused("postgresql+table://u:secret@127.0.0.1:5432/postgres?sslmode=disable&nosuch=1&busy_timeout=2")
+    assert "unknown option(s) 'busy_timeout', 'nosuch'" in str(error)
+    assert "create_schema, owner_info, prepared_statements" in str(error)
+    assert "invalid URI query parameter" not in str(error)
+    assert "secret" not in str(error)
+
+
 def test_libpq_options_of_the_url_reach_the_server_intact(postgres_server: PostgresServer, namespace: str) -> None:
     url = table_url(postgres_server) + "?application_name=lock%26aspect%20" + namespace
     with LockClient.from_url(url, namespace=namespace) as client, client.lock("k"), postgres_server.connect() as conn:

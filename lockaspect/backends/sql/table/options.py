@@ -8,12 +8,13 @@ import sqlite3
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from ....errors import ConfigurationError
 from ...base import redacted
 from .. import _pgerrors
 from .._keys import advisory_key
+from .._pgurl import split_query, unknown_to_libpq
 from ._driver import AsyncDriver, Backend, Pool, SyncDriver, socket_alive
 from ._notify import hub_for
 from ._sql import POSTGRES, SQLITE, TABLES
@@ -250,13 +251,18 @@ def open_table_store(url: str, *, namespace: str = "lockaspect:", **options: Any
     scheme, _, mode = parts.scheme.partition("+")
     if scheme not in ("postgresql", "postgres") or mode != "table" or not url.startswith(parts.scheme + "://"):
         raise ConfigurationError(f"a lease-table URL is postgresql+table://..., got {redacted(url)!r}")
-    query = dict(parse_qsl(parts.query, keep_blank_values=True))
     ours = {"create_schema", "connect_timeout", "owner_info", "prepared_statements"}
-    opts = _options("", {**{k: v for k, v in query.items() if k in ours}, **options}, ours, url)
-    libpq = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k not in ours]
-    conninfo = parts._replace(scheme="postgresql", query=urlencode(libpq, quote_via=quote)).geturl()
+    stripped, query = split_query(url, ours)  # libpq's parameters stay as written
+    opts = _options("", {**query, **options}, ours, url)
+    conninfo = "postgresql" + stripped[len(parts.scheme) :]
+    unknown = unknown_to_libpq(conninfo)  # neither ours nor libpq's
+    if unknown:
+        raise ConfigurationError(
+            f"unknown option(s) {', '.join(map(repr, unknown))} for {redacted(url)!r}; "
+            f"the options are {', '.join(sorted(ours))}, and libpq's connection parameters (such as sslmode)"
+        )
     try:
-        conninfo_to_dict(conninfo)  # libpq's check of the option names, before any connection
+        conninfo_to_dict(conninfo)  # libpq's check of the rest, before any connection
     except psycopg.ProgrammingError as exc:
         raise ConfigurationError(f"{redacted(url)!r}: {exc}") from exc
     create = _flag(opts.get("create_schema", True), "create_schema")
