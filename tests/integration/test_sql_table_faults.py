@@ -551,7 +551,11 @@ def test_postgres_create_schema_false_on_a_fresh_database(own_postgres: Postgres
     with own_postgres.connect() as conn:
         conn.execute(f"CREATE DATABASE {database}")
     error = refused(table_url(own_postgres, database) + "?create_schema=false")
-    assert "schema_sql" in str(error)
+    assert str(error) == (
+        f"{table_url(own_postgres, database)}?create_schema=false: the table lockaspect_holds is missing: "
+        "open the store with create_schema=True, or create the tables with "
+        "lockaspect.backends.sql.table.schema_sql('postgresql')"
+    )
     error = refused(table_url(own_postgres, database), create_schema=False)
     assert pg_tables(own_postgres, database) == set()
     with psycopg.connect(own_postgres.url.rsplit("/", 1)[0] + "/" + database, autocommit=True) as conn:

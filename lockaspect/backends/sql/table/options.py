@@ -319,18 +319,19 @@ def _prepare_postgres(conn: Any, create: bool, label: str) -> None:
                     if statement.strip():
                         conn.execute(statement)
         for table in TABLES:
-            conn.execute(f"SELECT 1 FROM {table} LIMIT 0")
+            try:
+                conn.execute(f"SELECT 1 FROM {table} LIMIT 0")
+            except psycopg.errors.UndefinedTable as exc:
+                _missing(label, f"the table {table}", exc)
         conn.execute("SELECT 1 FROM pg_sequences WHERE sequencename = 'lockaspect_fence'").fetchone() or _missing(
-            "the sequence lockaspect_fence"
+            label, "the sequence lockaspect_fence"
         )
-    except psycopg.errors.UndefinedTable as exc:
-        _missing(str(exc).splitlines()[0], exc)
     except psycopg.Error as exc:
         raise ConfigurationError(f"{label}: cannot prepare the lease table: {exc}") from exc
 
 
-def _missing(what: str, cause: BaseException | None = None) -> Any:
+def _missing(label: str, what: str, cause: BaseException | None = None) -> Any:
     raise ConfigurationError(
-        f"{what} is missing: open the store with create_schema=True, or create it with "
+        f"{label}: {what} is missing: open the store with create_schema=True, or create the tables with "
         "lockaspect.backends.sql.table.schema_sql('postgresql')"
     ) from cause
