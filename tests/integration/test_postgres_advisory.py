@@ -378,6 +378,55 @@ def test_unknown_options_are_refused() -> None:
         open_postgres_store("postgresql://127.0.0.1/db", pool_size=0)
 
 
+def test_options_in_the_query_string(postgres_server: Any, pg_namespace: str) -> None:
+    """The store's options may be given in the URL (parsed as the keywords are, keywords
+    winning); libpq's own parameters stay in the URL for libpq."""
+    query = (
+        "?idle_session_timeout=0&pool_size=2&create_schema=false&connect_timeout=5&max_waiters=8"
+        "&application_name=from%20the%20url&target_session_attrs=any&sslmode=disable"
+    )
+    store = open_postgres_store(postgres_server.url + query, namespace=pg_namespace, max_waiters=3)
+    settings = store.settings
+    assert (settings.pool_size, settings.max_waiters, settings.create_schema) == (2, 3, False)
+    assert (settings.connect_timeout, settings.idle_session_timeout) == (5.0, 0.0)
+    assert settings.application_name == "from the url"
+    assert "pool_size" not in settings.url
+    assert "sslmode=disable" in settings.url
+    store.close()
+    with LockClient.from_url(postgres_server.url, namespace=pg_namespace) as client, client.lock("k"):
+        pass  # the schema, for create_schema=false below
+    url = postgres_server.url + "?application_name=lock%26aspect&pool_size=1"
+    with (
+        LockClient.from_url(url, namespace=pg_namespace) as client,
+        client.lock("k"),
+        postgres_server.connect() as conn,
+    ):
+        rows = conn.execute("SELECT application_name FROM pg_stat_activity").fetchall()
+        assert ("lock&aspect",) in rows
+
+
+@pytest.mark.parametrize(
+    ("query", "message"),
+    [
+        ("pool_size=two", "pool_size must be an int, got 'two'"),
+        ("pool_size=0", "pool_size must be at least 1"),
+        ("create_schema=maybe", "create_schema must be True or False, got 'maybe'"),
+        ("connect_timeout=soon", "connect_timeout must be a number of seconds"),
+        ("idle_session_timeout=-1", "idle_session_timeout must be a finite number of seconds >= 0"),
+        ("application_name=", "application_name must be a non-empty str"),
+        ("nosuch=1&sslmode=disable&lease_time=5", "unknown option(s) 'lease_time', 'nosuch'"),
+    ],
+)
+def test_bad_options_in_the_query_string_are_refused_like_keywords(query: str, message: str) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        open_postgres_store("postgresql://u:secret@127.0.0.1/db?" + query)
+    assert message in str(info.value)
+    assert "secret" not in str(info.value)
+    if "unknown" in message:
+        assert "pool_size" in str(info.value)  # the options are listed
+        assert "sslmode" not in str(info.value).partition(" for ")[0]  # libpq's passes
+
+
 def test_the_repr_hides_the_password() -> None:
     store = open_postgres_store("postgresql://u:secret@127.0.0.1:1/db")
     assert "secret" not in repr(store)
@@ -424,6 +473,101 @@ def test_an_unreachable_server_is_a_transient_backend_error() -> None:
             pass
         assert info.value.transient
         assert "secret" not in str(info.value)
+    finally:
+        client.close()
+
+
+def _lock_outcome(client: LockClient, key: str = "k") -> BaseException | None:
+    """What ``client.lock(key, wait=None)`` raises (``None``: it took the lock), from a thread
+    bounded by :data:`BOUND`, so that a retry loop fails the test instead of hanging it."""
+    outcome: list[BaseException | None] = []
+
+    def take() -> None:
+        try:
+            with client.lock(key, wait=None):
+                outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test's thread
+            outcome.append(exc)
+
+    thread = threading.Thread(target=take, daemon=True)
+    thread.start()
+    thread.join(BOUND)
+    assert not thread.is_alive(), "a lock with wait=None retried a connection that can never succeed"
+    return outcome[0]
+
+
+@pytest.mark.parametrize(
+    ("path", "problem"),
+    [
+        ("nouser@{host}/postgres", 'role "nouser" does not exist'),
+        ("postgres@{host}/nodb", 'database "nodb" does not exist'),
+    ],
+)
+def test_a_missing_role_or_database_is_not_transient(postgres_server: Any, path: str, problem: str) -> None:
+    """A retry cannot cure it: a lock that waits forever raises at once, naming the problem."""
+    client = LockClient.from_url("postgresql://" + path.format(host=f"127.0.0.1:{postgres_server.port}"))
+    try:
+        error = _lock_outcome(client)
+    finally:
+        client.close()
+    assert isinstance(error, BackendError)
+    assert not error.transient
+    assert problem in str(error)
+
+
+@pytest.mark.parametrize(
+    ("error", "transient"),
+    [
+        ("InvalidPassword", False),  # 28P01
+        ("InvalidAuthorizationSpecification", False),  # 28000
+        ("InvalidCatalogName", False),  # 3D000
+        ("AdminShutdown", True),  # 57P01
+        ("CannotConnectNow", True),  # 57P03
+        ("TooManyConnections", True),  # 53300
+    ],
+)
+def test_errors_are_classified_by_sqlstate_first(error: str, transient: bool) -> None:
+    import psycopg.errors
+
+    from lockaspect.backends.sql.advisory._session import store_error
+
+    exc = getattr(psycopg.errors, error)('role "x" does not exist' if transient else "the network")
+    result = store_error(exc, "k", "postgresql://host/db")
+    assert isinstance(result, BackendError)
+    assert result.transient is transient
+
+
+def test_sslmode_require_on_a_server_without_ssl_is_not_transient(postgres_server: Any) -> None:
+    client = LockClient.from_url(postgres_server.url + "?sslmode=require")
+    try:
+        error = _lock_outcome(client)
+    finally:
+        client.close()
+    assert isinstance(error, BackendError)
+    assert not error.transient
+    assert "server does not support SSL" in str(error)
+
+
+def test_a_wrong_password_is_not_transient(own_server: Any) -> None:
+    """Password authentication for one role over TCP (the test server trusts everyone else)."""
+    with own_server.connect() as conn:
+        conn.execute("CREATE ROLE app LOGIN SUPERUSER PASSWORD 'right'")
+        hba = Path(own_server.data_dir) / "pg_hba.conf"
+        hba.write_text("host all app 127.0.0.1/32 scram-sha-256\n" + hba.read_text())
+        conn.execute("SELECT pg_reload_conf()")
+    url = f"postgresql://app:%s@127.0.0.1:{own_server.port}/postgres"
+    client = LockClient.from_url(url % "wrong")
+    try:
+        error = _lock_outcome(client)
+    finally:
+        client.close()
+    assert isinstance(error, BackendError)
+    assert not error.transient
+    assert 'password authentication failed for user "app"' in str(error)
+    assert "wrong" not in str(error)
+    client = LockClient.from_url(url % "right")
+    try:
+        assert _lock_outcome(client) is None
     finally:
         client.close()
 

@@ -162,6 +162,7 @@ class TestWaiting:
                 take(client.lock("k", scope="transaction", connection=other))
             assert caught.value.waited == 0.0
             assert caught.value.key == "k"
+            assert "'k' is held by another session or transaction" in str(caught.value)
             assert other.execute("SELECT 41 + 1").fetchone() == (42,)
             assert other.info.transaction_status == INTRANS
 
@@ -180,6 +181,20 @@ class TestWaiting:
             other.execute("SET LOCAL lock_timeout = '7s'")
             with client.lock("k", scope="transaction", connection=other, wait=0.2):
                 assert other.execute("SELECT current_setting('lock_timeout')").fetchone() == ("7s",)
+
+    def test_a_session_lock_of_the_postgresql_store_is_named_as_a_possible_holder(
+        self, pg: Any, connect: Any, client: LockClient
+    ) -> None:
+        """The holder may be a session-mode ``postgresql://`` lock, not only a transaction."""
+        namespace = client.backend.namespace  # type: ignore[attr-defined]
+        other = connect()
+        with LockClient.from_url(pg.url, namespace=namespace) as session_client, session_client.lock("k"):
+            with other.transaction(), pytest.raises(LockNotAcquired) as caught:
+                take(client.lock("k", scope="transaction", connection=other))
+            assert str(caught.value).startswith("lock 'k' is held by another session or transaction")
+            with other.transaction(), pytest.raises(LockNotAcquired) as caught:
+                take(client.lock("k", scope="transaction", connection=other, wait=0.1))
+            assert str(caught.value).startswith("lock 'k' stayed held by another session or transaction for ")
 
     def test_fences_increase(self, connect: Any, client: LockClient) -> None:
         conn = connect()
@@ -371,7 +386,6 @@ class TestDecorator:
                     assert await run(conn, 2) > token
 
         asyncio.run(main())
-
 
     def test_async_wait_cancelled_leaves_the_transaction_usable(self, pg: Any, client: LockClient) -> None:
         """A task cancelled while it waits for a busy lock: the wait's savepoint is rolled back,

@@ -551,7 +551,11 @@ def test_postgres_create_schema_false_on_a_fresh_database(own_postgres: Postgres
     with own_postgres.connect() as conn:
         conn.execute(f"CREATE DATABASE {database}")
     error = refused(table_url(own_postgres, database) + "?create_schema=false")
-    assert "schema_sql" in str(error)
+    assert str(error) == (
+        f"{table_url(own_postgres, database)}?create_schema=false: the table lockaspect_holds is missing: "
+        "open the store with create_schema=True, or create the tables with "
+        "lockaspect.backends.sql.table.schema_sql('postgresql')"
+    )
     error = refused(table_url(own_postgres, database), create_schema=False)
     assert pg_tables(own_postgres, database) == set()
     with psycopg.connect(own_postgres.url.rsplit("/", 1)[0] + "/" + database, autocommit=True) as conn:
@@ -584,6 +588,14 @@ def test_bad_postgres_options_are_refused_before_connecting(url: str, options: d
     refused(url, **options)
 
 
+def test_an_unknown_option_in_the_query_string_lists_the_options() -> None:
+    error = refused("postgresql+table://u:secret@127.0.0.1:5432/postgres?sslmode=disable&nosuch=1&busy_timeout=2")
+    assert "unknown option(s) 'busy_timeout', 'nosuch'" in str(error)
+    assert "create_schema, owner_info, prepared_statements" in str(error)
+    assert "invalid URI query parameter" not in str(error)
+    assert "secret" not in str(error)
+
+
 def test_libpq_options_of_the_url_reach_the_server_intact(postgres_server: PostgresServer, namespace: str) -> None:
     url = table_url(postgres_server) + "?application_name=lock%26aspect%20" + namespace
     with LockClient.from_url(url, namespace=namespace) as client, client.lock("k"), postgres_server.connect() as conn:
@@ -612,8 +624,70 @@ def test_an_unreachable_server_or_a_wrong_password_fails_at_open(own_postgres: P
     base = f"postgresql+table://locker:%s@127.0.0.1:{own_postgres.port}/{database}"
     with pytest.raises(BackendError) as info:
         LockClient.from_url(base % "wrong")
-    assert info.value.transient
+    assert not info.value.transient  # a retry cannot cure a wrong password
+    assert 'password authentication failed for user "locker"' in str(info.value)
     assert "wrong" not in str(info.value)  # the password is redacted
     assert pg_tables(own_postgres, database) == set()  # nothing created
     with LockClient.from_url(base % "right") as client, client.lock("k") as lease:
         assert lease.fencing_token > 0
+
+
+@pytest.mark.parametrize(
+    ("path", "problem"),
+    [
+        ("nouser@{host}/postgres", 'role "nouser" does not exist'),
+        ("postgres@{host}/nodb", 'database "nodb" does not exist'),
+    ],
+)
+def test_a_missing_role_or_database_is_not_transient(postgres_server: PostgresServer, path: str, problem: str) -> None:
+    """Refused at open for good (not transient), naming the problem in the server's words."""
+    url = "postgresql+table://" + path.format(host=f"127.0.0.1:{postgres_server.port}")
+    with pytest.raises(BackendError) as info:
+        LockClient.from_url(url)
+    assert not info.value.transient
+    assert problem in str(info.value)
+    assert "FATAL" not in str(info.value)
+
+
+def test_sslmode_require_on_a_server_without_ssl_is_not_transient(postgres_server: PostgresServer) -> None:
+    with pytest.raises(BackendError, match="server does not support SSL") as info:
+        LockClient.from_url(table_url(postgres_server) + "?sslmode=require")
+    assert not info.value.transient
+
+
+def test_a_role_refused_after_open_fails_a_waiting_lock_at_once(own_postgres: PostgresServer, namespace: str) -> None:
+    """The store's own connections classify the same way as the opener's: once the server
+    refuses its role, a lock with ``wait=None`` raises instead of retrying forever."""
+    role, database = f"gone_{uuid.uuid4().hex[:8]}", f"db_{uuid.uuid4().hex[:8]}"
+    with own_postgres.connect() as conn:
+        conn.execute(f"CREATE ROLE {role} LOGIN SUPERUSER")
+        conn.execute(f"CREATE DATABASE {database}")
+    LockClient.from_url(table_url(own_postgres, database)).close()  # the schema, made by postgres
+    url = f"postgresql+table://{role}@127.0.0.1:{own_postgres.port}/{database}"
+    client = LockClient.from_url(url, namespace=namespace, create_schema=False)
+    outcome: list[BaseException | None] = []
+    try:
+        with own_postgres.connect() as conn:
+            conn.execute(f"ALTER ROLE {role} NOLOGIN")
+            conn.execute(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '{role}'")
+
+        def take() -> None:
+            try:
+                with client.lock("k", wait=None):
+                    outcome.append(None)
+            except BaseException as exc:  # noqa: BLE001 - handed to the test's thread
+                outcome.append(exc)
+
+        thread = threading.Thread(target=take, daemon=True)
+        thread.start()
+        thread.join(30)
+        assert not thread.is_alive(), "a lock with wait=None retried a refused role forever"
+    finally:
+        client.close()
+        with own_postgres.connect() as conn:
+            conn.execute(f"DROP DATABASE {database} WITH (FORCE)")
+            conn.execute(f"DROP ROLE {role}")
+    [error] = outcome
+    assert isinstance(error, BackendError)
+    assert not error.transient
+    assert f'role "{role}" is not permitted to log in' in str(error)

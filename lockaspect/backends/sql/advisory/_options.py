@@ -4,7 +4,9 @@ any connection exists (no I/O here).
 The URL is any libpq connection URI (``postgresql://user:password@host:port/db?sslmode=...``,
 ``postgresql:///db?host=/var/run/postgresql`` for a unix socket, several hosts); libpq itself
 parses it, so what libpq accepts works and what it refuses is a
-:class:`~lockaspect.ConfigurationError` here, with the password redacted.
+:class:`~lockaspect.ConfigurationError` here, with the password redacted. The store's own
+options may be given in the query string too (``?pool_size=8&create_schema=false``): they are
+taken out of it before libpq sees it, and keywords win over them.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from ....errors import ConfigurationError
 from ...base import redacted
+from .._pgurl import split_query, unknown_to_libpq
 
 __all__ = ["SCHEMES", "Settings", "parse_settings"]
 
@@ -40,8 +43,9 @@ class Settings:
     """A checked URL and options.
 
     Attributes:
-        url: The URL as given (it may hold a password: show :attr:`shown` instead).
-        shown: The URL with its password redacted (errors, reprs).
+        url: The libpq URL: as given, less the store's options in its query string (it may
+            hold a password: show :attr:`shown` instead).
+        shown: The URL as given, with its password redacted (errors, reprs).
         namespace: Prefix of every key (the advisory key hashes ``namespace + key``).
         pool_size: Holder connections kept open (opened lazily, locks spread over them).
         max_waiters: Connections that may block in the server's queue at once (one per
@@ -91,6 +95,35 @@ def _seconds(name: str, value: object, zero: bool) -> float:
     return seconds
 
 
+_TRUE: Final = frozenset({"1", "true", "yes", "on"})
+_FALSE: Final = frozenset({"0", "false", "no", "off"})
+
+
+def _from_query(name: str, text: str) -> object:
+    """An option's value from the query string, as the keyword would give it; a string that
+    does not parse is passed on as it is, for the keyword's check to refuse it."""
+    default = DEFAULTS[name]
+    if isinstance(default, bool):
+        flag = text.strip().lower()
+        return True if flag in _TRUE else False if flag in _FALSE else text
+    for kind in (int, float):
+        if isinstance(default, kind):
+            try:
+                return kind(text)
+            except ValueError:
+                return text
+    return text
+
+
+def _refuse_unknown(unknown: list[str], shown: str) -> None:
+    if unknown:
+        raise ConfigurationError(
+            f"unknown option(s) {', '.join(map(repr, unknown))} for {shown!r}; the PostgreSQL advisory store takes "
+            f"{', '.join(sorted(DEFAULTS))} (as keywords or in the URL's query string), and libpq's connection "
+            "parameters (such as sslmode) in the URL"
+        )
+
+
 def parse_settings(url: object, namespace: object, options: dict[str, Any]) -> Settings:
     """Check ``url`` and ``options`` (see :data:`DEFAULTS`); :class:`ConfigurationError`
     naming the problem, with the password redacted."""
@@ -102,23 +135,20 @@ def parse_settings(url: object, namespace: object, options: dict[str, Any]) -> S
     scheme = url.partition("://")[0]
     if scheme not in SCHEMES or "://" not in url:
         raise ConfigurationError(f"a PostgreSQL store URL starts with postgresql:// or postgres://, got {shown!r}")
-    unknown = sorted(set(options) - set(DEFAULTS))
-    if unknown:
-        raise ConfigurationError(
-            f"unknown option(s) {', '.join(map(repr, unknown))} for {shown!r}; the PostgreSQL advisory store takes "
-            f"{', '.join(sorted(DEFAULTS))} (connection parameters go in the URL)"
-        )
+    _refuse_unknown(sorted(set(options) - set(DEFAULTS)), shown)
+    conninfo, query = split_query(url, DEFAULTS)
+    _refuse_unknown(unknown_to_libpq(conninfo), shown)
     try:
-        params = conninfo_to_dict(url)
+        params = conninfo_to_dict(conninfo)
     except psycopg.Error as exc:
-        message = str(exc).replace(url, shown)
+        message = str(exc).replace(url, shown).replace(conninfo, shown)
         raise ConfigurationError(f"malformed PostgreSQL URL {shown!r}: {message}") from None
     for port in str(params.get("port", "")).split(","):
         if port and not (port.isdigit() and 0 < int(port) < 65536):
             raise ConfigurationError(f"malformed PostgreSQL URL {shown!r}: port {port!r} is not a port number")
     if "dbname" in params and not params["dbname"]:
         raise ConfigurationError(f"malformed PostgreSQL URL {shown!r}: empty database name")
-    values = {**DEFAULTS, **options}
+    values = {**DEFAULTS, **{name: _from_query(name, text) for name, text in query.items()}, **options}
     create_schema = values["create_schema"]
     if not isinstance(create_schema, bool):
         raise ConfigurationError(f"create_schema must be True or False, got {create_schema!r}")
@@ -126,7 +156,7 @@ def parse_settings(url: object, namespace: object, options: dict[str, Any]) -> S
     if not isinstance(application_name, str) or not application_name:
         raise ConfigurationError(f"application_name must be a non-empty str, got {application_name!r}")
     return Settings(
-        url=url,
+        url=conninfo,
         shown=shown,
         namespace=namespace,
         pool_size=_int("pool_size", values["pool_size"], 1),

@@ -23,6 +23,7 @@ import psycopg
 import psycopg.errors
 
 from ....errors import BackendError, ConfigurationError, LockError
+from .. import _pgerrors
 from . import _sql
 from ._options import Settings
 
@@ -87,6 +88,13 @@ def store_error(exc: BaseException, key: str | None, shown: str) -> LockError:
     """The lockaspect error for a driver error (chain it: ``raise store_error(...) from exc``)."""
     if isinstance(exc, (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedObject)):
         return schema_error(shown, key)
+    if isinstance(exc, psycopg.Error) and _pgerrors.permanent(exc):
+        # A wrong password, a missing database or role, pg_hba.conf, sslmode: not retried.
+        return BackendError(
+            f"PostgreSQL {shown}: {_pgerrors.reason(exc)} (a configuration or credentials problem: not retried)",
+            key=key,
+            transient=False,
+        )
     transient = isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError, OSError))
     message = str(exc).strip().replace("\n", " ") or type(exc).__name__
     return BackendError(f"PostgreSQL {shown}: {message}", key=key, transient=transient)

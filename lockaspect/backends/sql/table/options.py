@@ -9,11 +9,13 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from ....errors import BackendError, ConfigurationError
 from ...base import redacted
+from .. import _pgerrors
 from .._keys import advisory_key
+from .._pgurl import split_query, unknown_to_libpq
 from ._driver import AsyncDriver, Backend, Pool, SyncDriver, socket_alive
 from ._notify import hub_for
 from ._sql import POSTGRES, SQLITE, TABLES
@@ -250,6 +252,8 @@ def _table_key(name: str) -> int:
 def _pg_transient(exc: BaseException) -> bool | None:
     import psycopg
 
+    if isinstance(exc, psycopg.Error) and _pgerrors.permanent(exc):
+        return False  # a wrong password, a missing database or role, pg_hba.conf, sslmode
     if isinstance(exc, (psycopg.OperationalError, psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled)):
         return True
     return False if isinstance(exc, psycopg.Error) else None
@@ -277,7 +281,9 @@ def open_table_store(url: str, *, namespace: str = "lockaspect:", **options: Any
     Raises:
         ConfigurationError: a malformed URL or option, psycopg missing, missing tables with
             ``create_schema=False``.
-        BackendError: the server cannot be reached (transient).
+        BackendError: the server cannot be reached (transient), or refuses the connection
+            for good: a wrong password, a missing database or role, ``pg_hba.conf``, an
+            ``sslmode`` it cannot meet (not transient).
     """
     try:
         import psycopg
@@ -288,13 +294,18 @@ def open_table_store(url: str, *, namespace: str = "lockaspect:", **options: Any
     scheme, _, mode = parts.scheme.partition("+")
     if scheme not in ("postgresql", "postgres") or mode != "table" or not url.startswith(parts.scheme + "://"):
         raise ConfigurationError(f"a lease-table URL is postgresql+table://..., got {redacted(url)!r}")
-    query = dict(parse_qsl(parts.query, keep_blank_values=True))
     ours = {"create_schema", "connect_timeout", "owner_info", "prepared_statements"}
-    opts = _options("", {**{k: v for k, v in query.items() if k in ours}, **options}, ours, url)
-    libpq = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k not in ours]
-    conninfo = parts._replace(scheme="postgresql", query=urlencode(libpq, quote_via=quote)).geturl()
+    stripped, query = split_query(url, ours)  # libpq's parameters stay as written
+    opts = _options("", {**query, **options}, ours, url)
+    conninfo = "postgresql" + stripped[len(parts.scheme) :]
+    unknown = unknown_to_libpq(conninfo)  # neither ours nor libpq's
+    if unknown:
+        raise ConfigurationError(
+            f"unknown option(s) {', '.join(map(repr, unknown))} for {redacted(url)!r}; "
+            f"the options are {', '.join(sorted(ours))}, and libpq's connection parameters (such as sslmode)"
+        )
     try:
-        conninfo_to_dict(conninfo)  # libpq's check of the option names, before any connection
+        conninfo_to_dict(conninfo)  # libpq's check of the rest, before any connection
     except psycopg.ProgrammingError as exc:
         raise ConfigurationError(f"{redacted(url)!r}: {exc}") from exc
     create = _flag(opts.get("create_schema", True), "create_schema")
@@ -313,6 +324,12 @@ def open_table_store(url: str, *, namespace: str = "lockaspect:", **options: Any
     try:
         conn = connect()
     except psycopg.Error as exc:
+        if _pgerrors.permanent(exc):
+            raise BackendError(
+                f"cannot connect to {label}: {_pgerrors.reason(exc)} (a configuration or credentials problem: "
+                "not retried)",
+                transient=False,
+            ) from exc
         raise BackendError(f"cannot connect to {label}: {exc}", transient=True) from exc
     try:
         _prepare_postgres(conn, create, label)
@@ -343,18 +360,19 @@ def _prepare_postgres(conn: Any, create: bool, label: str) -> None:
                     if statement.strip():
                         conn.execute(statement)
         for table in TABLES:
-            conn.execute(f"SELECT 1 FROM {table} LIMIT 0")
+            try:
+                conn.execute(f"SELECT 1 FROM {table} LIMIT 0")
+            except psycopg.errors.UndefinedTable as exc:
+                _missing(label, f"the table {table}", exc)
         conn.execute("SELECT 1 FROM pg_sequences WHERE sequencename = 'lockaspect_fence'").fetchone() or _missing(
-            "the sequence lockaspect_fence"
+            label, "the sequence lockaspect_fence"
         )
-    except psycopg.errors.UndefinedTable as exc:
-        _missing(str(exc).splitlines()[0], exc)
     except psycopg.Error as exc:
         raise ConfigurationError(f"{label}: cannot prepare the lease table: {exc}") from exc
 
 
-def _missing(what: str, cause: BaseException | None = None) -> Any:
+def _missing(label: str, what: str, cause: BaseException | None = None) -> Any:
     raise ConfigurationError(
-        f"{what} is missing: open the store with create_schema=True, or create it with "
+        f"{label}: {what} is missing: open the store with create_schema=True, or create the tables with "
         "lockaspect.backends.sql.table.schema_sql('postgresql')"
     ) from cause

@@ -117,7 +117,7 @@ def acquire(key: str, advisory: int, wait: float | None, shared: bool) -> Genera
         if not row[0]:
             raise _missing(key)
         if row[1] is None:
-            raise LockNotAcquired(f"lock {key!r} is held by another transaction", key=key, waited=0.0)
+            raise LockNotAcquired(f"lock {key!r} is held by another session or transaction", key=key, waited=0.0)
         return int(row[1])
     started = time.monotonic()
     try:
@@ -136,7 +136,7 @@ def acquire(key: str, advisory: int, wait: float | None, shared: bool) -> Genera
         code = sqlstate(exc)
         if code == LOCK_TIMEOUT:
             raise LockNotAcquired(
-                f"lock {key!r} stayed held by another transaction for {waited:.3f} s", key=key, waited=waited
+                f"lock {key!r} stayed held by another session or transaction for {waited:.3f} s", key=key, waited=waited
             ) from None
         if code == DEADLOCK:
             raise LockNotAcquired(
