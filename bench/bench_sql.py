@@ -281,6 +281,13 @@ STORES: tuple[StoreSpec, ...] = (
         pg_table_floors,
     ),
     StoreSpec(
+        "pg-table-prepared",
+        "PostgreSQL lease table, prepared_statements=true (postgresql+table://...?prepared_statements=true)",
+        "postgresql+table",
+        lambda env: env.pg_url and _with_scheme(env.pg_url, "postgresql+table") + "?prepared_statements=true",
+        pg_table_floors,
+    ),
+    StoreSpec(
         "pg-session",
         "PostgreSQL session advisory locks (postgresql://)",
         "postgresql",
