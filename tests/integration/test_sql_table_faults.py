@@ -278,6 +278,12 @@ def test_a_bridge_acquire_cancelled_after_its_submit_gives_back_what_it_took(
                     if result.acquired:
                         await twin.release("k", request.token, kind)
                     await twin.unqueue("k", twin.waiter_id(False), kind)
+                # the give-back of a cancelled attempt runs on its bridge thread once the attempt
+                # ends: wait for the store to show it before the next round
+                for _ in range(3000):
+                    if [state.holders for state in store.describe("k")] == ([1] if busy else []):
+                        break
+                    await asyncio.sleep(0.01)
         finally:
             store.close()  # waits for the bridge threads (and the give-backs they run)
         check = open_store(url, namespace=namespace)
