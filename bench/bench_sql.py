@@ -240,7 +240,7 @@ def lockaspect_statements(conn: Any, dialect: str) -> Variant:
             if not conn.execute(d.claim, claim).fetchall():
                 raise BenchError("lockaspect statements: key busy")
             release = {"name": name, "space": "lock", "slot": "", "owner": token}
-            if not conn.execute(d.release, release).fetchall():
+            if conn.execute(d.release_exclusive, release).rowcount != 1:
                 raise BenchError("lockaspect statements: key not released")
 
     v = Variant("statements", "(info) lockaspect's 2 statements, raw", run)
