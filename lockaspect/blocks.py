@@ -269,17 +269,10 @@ def _with_result(lost: LockLost, result: Any) -> LockLost:
     return LockLost(str(lost), key=lost.key, reason=lost.reason, lease=lost.lease, result=result)
 
 
-def run_multi(
-    engine: Engine,
-    keys: tuple[str, ...],
-    spec: LockSpec,
-    fn: Callable[..., Any],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    on_failure: Callable[[LockNotAcquired], Any] | None,
-) -> Any:
-    """A decorated call with ``keys=``: the body runs inline under :class:`MultiLockBlock`."""
-    block = MultiLockBlock(engine, keys, spec)
+def run_in(block: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+           on_failure: Callable[[LockNotAcquired], Any] | None) -> Any:  # fmt: skip
+    """A decorated call's body run inside ``block`` (entered and exited here): ``on_failure``
+    answers a busy lock; a lease lost meanwhile raises :class:`LockLost` carrying the result."""
     try:
         block.__enter__()
     except LockNotAcquired as exc:
@@ -298,17 +291,9 @@ def run_multi(
     return result
 
 
-async def arun_multi(
-    engine: Engine,
-    keys: tuple[str, ...],
-    spec: LockSpec,
-    fn: Callable[..., Any],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    on_failure: Callable[[LockNotAcquired], Any] | None,
-) -> Any:
-    """:func:`run_multi` for ``async def``: the calling task is cancelled if a lease is lost."""
-    block = MultiLockBlock(engine, keys, spec)
+async def arun_in(block: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+                  on_failure: Callable[[LockNotAcquired], Any] | None) -> Any:  # fmt: skip
+    """:func:`run_in` for ``async def`` (``on_failure`` may return an awaitable)."""
     try:
         await block.__aenter__()
     except LockNotAcquired as exc:
@@ -326,3 +311,29 @@ async def arun_multi(
     except LockLost as lost:
         raise _with_result(lost, result) from None
     return result
+
+
+def run_multi(
+    engine: Engine,
+    keys: tuple[str, ...],
+    spec: LockSpec,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    on_failure: Callable[[LockNotAcquired], Any] | None,
+) -> Any:
+    """A decorated call with ``keys=``: the body runs inline under :class:`MultiLockBlock`."""
+    return run_in(MultiLockBlock(engine, keys, spec), fn, args, kwargs, on_failure)
+
+
+async def arun_multi(
+    engine: Engine,
+    keys: tuple[str, ...],
+    spec: LockSpec,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    on_failure: Callable[[LockNotAcquired], Any] | None,
+) -> Any:
+    """:func:`run_multi` for ``async def``: the calling task is cancelled if a lease is lost."""
+    return await arun_in(MultiLockBlock(engine, keys, spec), fn, args, kwargs, on_failure)

@@ -13,7 +13,6 @@ driver); this module is the lock's life around them. The user's guide:
 from __future__ import annotations
 
 import importlib
-import inspect
 import math
 import secrets
 import time
@@ -21,10 +20,10 @@ from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from .blocks import LockBlock
+from .blocks import LockBlock, arun_in, run_in
 from .engine.core import Engine
 from .engine.outcome import raise_if_lost
-from .errors import ConfigurationError, KeyTemplateError, LockLost, LockNotAcquired
+from .errors import ConfigurationError, KeyTemplateError, LockNotAcquired
 from .keys import ArgumentNames
 from .lease import _HELD, Lease, _push, find_held
 from .options import LockSpec
@@ -204,10 +203,6 @@ class TransactionLockBlock(LockBlock):
         return f"<TransactionLockBlock {self._key!r} on {self._adapter.label}>"
 
 
-def _with_result(lost: LockLost, result: Any) -> LockLost:
-    return LockLost(str(lost), key=lost.key, reason=lost.reason, lease=lost.lease, result=result)
-
-
 class ConnectionPlan:
     """``connection=`` of a decorator with ``scope="transaction"``: the connection object, the
     name of a parameter holding it, or a function of the bound arguments returning it."""
@@ -259,24 +254,8 @@ class ConnectionPlan:
         on_failure: Callable[[LockNotAcquired], Any] | None,
     ) -> Any:
         """A decorated call: the body runs in the caller's thread, inside the block."""
-        block = self.block(client, key, spec, bound)
         fn, args, kwargs = call
-        try:
-            block.__enter__()
-        except LockNotAcquired as exc:
-            if on_failure is None:
-                raise
-            return on_failure(exc)
-        try:
-            result = fn(*args, **kwargs)
-        except BaseException as exc:
-            block.__exit__(type(exc), exc, exc.__traceback__)
-            raise
-        try:
-            block.__exit__(None, None, None)
-        except LockLost as lost:
-            raise _with_result(lost, result) from None
-        return result
+        return run_in(self.block(client, key, spec, bound), fn, args, kwargs, on_failure)
 
     async def arun(
         self,
@@ -288,25 +267,8 @@ class ConnectionPlan:
         on_failure: Callable[[LockNotAcquired], Any] | None,
     ) -> Any:
         """:meth:`run` for ``async def``."""
-        block = self.block(client, key, spec, bound)
         fn, args, kwargs = call
-        try:
-            await block.__aenter__()
-        except LockNotAcquired as exc:
-            if on_failure is None:
-                raise
-            outcome = on_failure(exc)
-            return await outcome if inspect.isawaitable(outcome) else outcome
-        try:
-            result = await fn(*args, **kwargs)
-        except BaseException as exc:
-            await block.__aexit__(type(exc), exc, exc.__traceback__)
-            raise
-        try:
-            await block.__aexit__(None, None, None)
-        except LockLost as lost:
-            raise _with_result(lost, result) from None
-        return result
+        return await arun_in(self.block(client, key, spec, bound), fn, args, kwargs, on_failure)
 
 
 def open_block(client: Any, key: str, spec: LockSpec, connection: object) -> TransactionLockBlock:

@@ -17,7 +17,7 @@ import os
 import threading
 from typing import Any, Protocol
 
-from ..._wakeup import Wakeup
+from ..._wakeup import AsyncWakeup, Wakeup
 
 __all__ = ["AsyncMemoryNotifier", "Hub", "MemoryNotifier"]
 
@@ -94,48 +94,22 @@ class _Subscription:
         self._event.set()
 
 
-def _resolve(future: asyncio.Future[bool], value: bool) -> None:
-    if not future.done():
-        future.set_result(value)
-
-
 class _AsyncSubscription:
     """A task's registration for one channel; woken from any thread through its loop."""
 
-    __slots__ = ("_future", "_loop", "_woken", "active", "channel")
+    __slots__ = ("_wakeup", "active", "channel")
 
     def __init__(self, channel: Channel, loop: asyncio.AbstractEventLoop, active: bool) -> None:
         self.channel = channel
         self.active = active
-        self._loop = loop
-        self._woken = False
-        self._future: asyncio.Future[bool] | None = None
+        self._wakeup = AsyncWakeup(loop)
 
     async def wait(self, timeout: float) -> bool:
         """Wait for a wake-up (one that came since the last wait counts) or ``timeout``."""
-        if self._woken:
-            self._woken = False
-            return True
-        future: asyncio.Future[bool] = self._loop.create_future()
-        self._future = future
-        timer = self._loop.call_later(max(0.0, timeout), _resolve, future, False)
-        try:
-            return await future
-        finally:
-            timer.cancel()
-            self._future = None
-            self._woken = False
+        return await self._wakeup.wait(timeout)
 
     def wake(self) -> None:
-        try:
-            self._loop.call_soon_threadsafe(self._set)
-        except RuntimeError:  # the loop is closed: nobody waits any more
-            pass
-
-    def _set(self) -> None:
-        self._woken = True
-        if self._future is not None:
-            _resolve(self._future, True)
+        self._wakeup.wake()
 
 
 class _NotifierBase:
