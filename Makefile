@@ -15,6 +15,7 @@ $(VENV)/.installed-demo: pyproject.toml | $(BIN)/python
 $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[test,demo]'
 	$(BIN)/python .ci/ensure_postgres.py
+	$(BIN)/python .ci/ensure_zookeeper.py
 	@touch $@
 
 ## demo: create .venv, install, run the flash-sale demo on an embedded server
@@ -22,9 +23,9 @@ demo: $(VENV)/.installed-demo
 	$(BIN)/lockaspect demo
 
 ## test: install the test dependencies (PostgreSQL too), lint, type-check, run the whole suite
-# LOCKASPECT_REQUIRE_POSTGRES: a missing PostgreSQL fails the PostgreSQL tests instead of skipping them.
+# LOCKASPECT_REQUIRE_POSTGRES / _ZOOKEEPER: a missing server fails its tests instead of skipping them.
 test: $(VENV)/.installed-test lint typecheck
-	LOCKASPECT_REQUIRE_POSTGRES=1 $(BIN)/python -m pytest
+	LOCKASPECT_REQUIRE_POSTGRES=1 LOCKASPECT_REQUIRE_ZOOKEEPER=1 $(BIN)/python -m pytest
 
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check lockaspect tests examples bench

@@ -175,6 +175,17 @@ class Watchdog:
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
 
+    def lose(self, record: Renewal, reason: str) -> None:
+        """The store reported ``record`` lost by itself (a session that ended): give it up
+        now, unless it is closed, already lost, or its release is in flight (the release's
+        answer decides)."""
+        with self._lock:
+            if record.state == CLOSED or record.lost_reason is not None or record.releasing_since is not None:
+                return
+            record.state = CLOSED
+            self._cancel_timeouts(record)
+        self._lost(record, reason)
+
     # -- called with self._lock held --------------------------------------------------
 
     def _schedule(

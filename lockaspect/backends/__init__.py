@@ -57,6 +57,7 @@ _BUILT_IN = {
     "postgres+table": "lockaspect.backends.sql.table:open_table_store",
     "postgresql": "lockaspect.backends.sql.advisory:open_postgres_store",
     "postgres": "lockaspect.backends.sql.advisory:open_postgres_store",
+    "zookeeper": "lockaspect.backends.zookeeper:open_zookeeper_store",
 }
 
 

@@ -23,7 +23,7 @@ import math
 import os
 import re
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import NamedTuple, Protocol, runtime_checkable
 
 from ..errors import ConfigurationError
@@ -38,10 +38,12 @@ __all__ = [
     "AsyncSubscription",
     "Capability",
     "KeyState",
+    "LossCallback",
     "Notifier",
     "ReleaseResult",
     "RenewItem",
     "RenewStatus",
+    "ReportsLosses",
     "Store",
     "Subscription",
     "checked_request",
@@ -336,6 +338,25 @@ class AsyncStore(Protocol):
     def notifier(self) -> AsyncNotifier | None: ...
 
     async def aclose(self) -> None: ...
+
+
+#: How a store reports holds it knows are lost without being asked: ``callback(tokens,
+#: reason)`` with the owner tokens and one of the lost reasons (``"not-owner"``,
+#: ``"expired"``, ``"session-lost"``). Called from any thread; never blocks.
+LossCallback = Callable[[Collection[str], str], None]
+
+
+@runtime_checkable
+class ReportsLosses(Protocol):
+    """The optional part of a SESSION_BOUND store that learns of losses by itself (a session
+    expired, a session's lease estimate ran out, a held node deleted by someone else): the
+    engine registers one callback and marks those leases lost at once, fixed leases too,
+    instead of waiting for the watchdog's next probe."""
+
+    def report_losses(self, callback: LossCallback) -> None:
+        """Call ``callback`` for every later loss (one callback per store; a new one replaces
+        the old)."""
+        ...
 
 
 @runtime_checkable

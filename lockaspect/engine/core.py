@@ -15,11 +15,11 @@ import logging
 import threading
 import weakref
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .. import _policy
-from ..backends.base import AcquireResult, Capability, ReleaseResult
+from ..backends.base import AcquireResult, Capability, ReleaseResult, ReportsLosses
 from ..errors import BackendError, ConfigurationError, LockLost, NotReplicated
 from ..hooks import HookRunner, run_hook
 from ..kinds import LockKind
@@ -99,12 +99,13 @@ class Engine:
         # The leases that holds may still be given back to; those whose last hold went are
         # pruned by the watchdog's sweep.
         self.leases: set[Lease] = set()
-        # key -> leases on it in this process (any context), for the re-entry fast path: a key
-        # nobody here holds cannot be a re-entry. Never too low (a lease leaves only once its
-        # last hold is given back); the sweep recounts it.
+        # key -> leases on it in this process (any context), for the re-entry fast path. Never
+        # too low (a lease leaves only once its last hold is given back); the sweep recounts it.
         self.held_keys: dict[str, int] = {}
         #: Called with the abandoned hold refs the sweep must release (set by the sync runner).
         self.release_abandoned: Callable[[HoldRef], None] = lambda ref: None
+        if isinstance(store, ReportsLosses):
+            store.report_losses(self.store_lost)
 
     # -- before an acquisition (no I/O) ---------------------------------------------------
 
@@ -306,12 +307,9 @@ class Engine:
         returning meanwhile cannot release the lock under it); ``None`` when its last hold
         was already given back (the caller then takes the lock afresh)."""
         if lease.lost:
-            raise LockLost(
-                f"cannot re-enter {lease.key!r}: its lease is lost ({lease.lost_reason})",
-                key=lease.key,
-                reason=lease.lost_reason or "expired",
-                lease=lease,
-            )
+            reason = lease.lost_reason or "expired"
+            message = f"cannot re-enter {lease.key!r}: its lease is lost ({reason})"
+            raise LockLost(message, key=lease.key, reason=reason, lease=lease)
         hold = self.new_hold(lease)
         with self.lock:
             if not lease._refs:
@@ -324,12 +322,8 @@ class Engine:
         lease = hold.lease
         if not held:
             self.lost_here(lease, "not-owner")
-            raise LockLost(
-                f"cannot re-enter {lease.key!r}: the store no longer has it for this owner",
-                key=lease.key,
-                reason="not-owner",
-                lease=lease,
-            )
+            message = f"cannot re-enter {lease.key!r}: the store no longer has it for this owner"
+            raise LockLost(message, key=lease.key, reason="not-owner", lease=lease)
         self.emit(LockEvent("reentered", lease.key, lease.kind))
 
     # -- giving holds back (no I/O) -------------------------------------------------------
@@ -396,8 +390,7 @@ class Engine:
             release_log.warning("%r is still held by this owner after its last release", lease.key)
 
     def release_failed_locally(self, lease: Lease) -> None:
-        """The release round trip was interrupted (not by the store): nobody holds the lease,
-        let it expire."""
+        """The release was interrupted (not by the store): nobody holds the lease; it expires."""
         self.watchdog.released(lease._record)
 
     # -- the watchdog thread's sweep (no I/O of its own) ----------------------------------
@@ -463,6 +456,13 @@ class Engine:
         if lease._mark_lost(reason):
             self.emit(LockEvent("lost", lease.key, lease.kind, fencing_token=lease.fencing_token, reason=reason))
             run_hook(lease)
+
+    def store_lost(self, tokens: Collection[str], reason: str) -> None:
+        """The store reported the holds of ``tokens`` lost (see ``ReportsLosses``)."""
+        with self.lock:
+            hit = [lease._record for lease in self.leases if lease.token in tokens]
+        for record in hit:
+            self.watchdog.lose(record, reason)
 
     def watchdog_lost(self, record: Renewal, reason: str) -> None:
         """Report a lease the timer or watchdog gave up; the hook runs on the hook thread."""

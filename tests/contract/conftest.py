@@ -1,7 +1,7 @@
 """The contract suite's fixtures: every test runs on each store (``memory``: a
 :class:`~lockaspect.backends.memory.MemoryStore`; ``redis``: the session's Valkey server from
 :class:`~lockaspect.testing.LockServer`; ``postgres``: session advisory locks on the session's
-PostgreSQL server), through the public API only, so it keeps passing
+PostgreSQL server; ``zookeeper``: the session's ZooKeeper server), through the public API only, so it keeps passing
 while the engine behind it is rewritten.
 
 ``kind`` names how a test takes a lock: ``lock``, ``fair``, ``semaphore`` (one permit: as
@@ -23,9 +23,9 @@ from lockaspect.backends.base import AdminStore, Capability, Store
 from lockaspect.backends.memory import MemoryStore
 from lockaspect.backends.redis import RedisBackend
 from lockaspect.backends.sql.advisory import open_postgres_store
-from lockaspect.testing import LockServer, PostgresServer
+from lockaspect.testing import LockServer, PostgresServer, ZooKeeperServer
 
-STORES = ["memory", "redis", "sqlite", "postgres_table", "postgres"]
+STORES = ["memory", "redis", "sqlite", "postgres_table", "postgres", "zookeeper"]
 #: Kinds that let one holder in at a time.
 EXCLUSIVE = ["lock", "fair", "semaphore", "write", "multi"]
 ALL_KINDS = [*EXCLUSIVE, "read"]
@@ -54,6 +54,9 @@ def make_store(store_name: str, request: pytest.FixtureRequest) -> Iterator[Call
             postgres: PostgresServer = request.getfixturevalue("postgres_server")
             url = postgres.url.replace("postgresql://", "postgresql+table://", 1)
             store = open_store(url, namespace=f"c-{tag}:")
+        elif store_name == "zookeeper":
+            zookeeper: ZooKeeperServer = request.getfixturevalue("zookeeper_server")
+            store = open_store(zookeeper.url + "/contract", namespace=f"c-{tag}:")
         elif store_name == "postgres":
             server_pg: PostgresServer = request.getfixturevalue("postgres_server")
             store = open_postgres_store(server_pg.url, namespace=f"c-{tag}:")

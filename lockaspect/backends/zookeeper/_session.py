@@ -1,0 +1,490 @@
+"""The ZooKeeper store's session: one kazoo client (one ZooKeeper session) per store and its
+asyncio twins, what this process has in the tree (:class:`Book`), and what the session's
+state means for the locks held in it.
+
+**The lease estimate.** A hold lives as long as the session. The server ends a session it has
+not heard from for the negotiated session timeout ``T``. The client cannot see the server's
+clock, so it keeps a conservative estimate: the session is alive until ``last contact + T``,
+where the last contact is when the latest request that the server answered was *sent*
+(kazoo's heartbeats answer at least every ``2T/3`` while connected, so a connection that goes
+quiet is noticed, SUSPENDED, at most ``2T/3`` after the last answer). On SUSPENDED the store
+starts a timer to ``max(last answered request, suspension - 2T/3) + T`` (never later than
+Curator's ``suspension + T``), less a margin; if the session has not reconnected by then,
+every hold of the session is declared lost (``"expired"``): the flag, ``on_lost``,
+``LockLost``, the async body cancelled. Its nodes are deleted if the session turns out alive
+after all. A reconnection on the same session in time re-reads the session's held nodes before
+the watchdog trusts them again. LOST (the server expired the session) loses every hold at once
+(``"session-lost"``). A held node deleted by someone else (an operator's force release) loses
+that hold at once (``"not-owner"``), through a watch set on it when it was acquired.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Collection, Sequence
+from typing import Any
+
+from kazoo.client import KazooClient, KazooState
+from kazoo.exceptions import NodeExistsError, NoNodeError
+from kazoo.retry import KazooRetry
+
+from ...errors import BackendError
+from ..base import LossCallback
+from ._calls import ANSWERS, Batch, Call, batch_error, connection_trouble, container_request
+from ._layout import parse
+from ._notify import Hub
+from ._options import Settings
+
+__all__ = ["Book", "Node", "Session"]
+
+log = logging.getLogger("lockaspect.zookeeper")
+
+#: Known parent paths remembered (a create under a forgotten one costs one extra request).
+PARENTS_KEPT = 4096
+
+
+class Node:
+    """One contender node of this session: a hold (``token`` set) or a queue place."""
+
+    __slots__ = ("epoch", "fence", "infix", "key", "name", "parent", "path", "token", "waiter")
+
+    def __init__(self, key: str, parent: str, name: str, infix: str, fence: int, epoch: int) -> None:
+        self.key = key
+        self.parent = parent
+        self.name = name
+        self.path = f"{parent}/{name}"
+        self.infix = infix
+        self.fence = fence
+        self.epoch = epoch
+        self.token = ""
+        self.waiter = ""
+
+
+class Book:
+    """What this session has in the tree: holds by ``(key, token)``, queue places by ``(key,
+    waiter)``, a multi-key waiter's places by waiter, and every node by path. Guarded by the
+    session's lock."""
+
+    def __init__(self) -> None:
+        self.holds: dict[tuple[str, str], Node] = {}
+        self.queued: dict[tuple[str, str], Node] = {}
+        self.multi: dict[str, list[Node]] = {}
+        self.paths: dict[str, Node] = {}
+        # (key, waiter) places an attempt is using now: a concurrent attempt under the same
+        # waiter id (another task or thread of this process) acts as a plain try instead.
+        self.claims: set[tuple[str, str]] = set()
+
+    def nodes(self) -> list[Node]:
+        return list(self.paths.values())
+
+    def clear(self) -> None:
+        self.holds.clear()
+        self.queued.clear()
+        self.multi.clear()
+        self.paths.clear()
+        self.claims.clear()
+
+
+class Session:
+    """The kazoo client of a store and its twins, started on first use (no I/O before)."""
+
+    def __init__(self, settings: Settings, root: str) -> None:
+        self.settings = settings
+        self.root = root
+        self.lock = threading.Lock()
+        self.book = Book()
+        self.hub = Hub()
+        self.epoch = 0
+        self.timeout = settings.session_timeout
+        self.session_id: int | None = None
+        self.connected = False
+        self.verified = True
+        self.last_contact = 0.0
+        self.on_loss: LossCallback | None = None
+        self._client: KazooClient | None = None
+        self._start_lock = threading.Lock()
+        self._suspension = 0
+        self._timer: threading.Timer | None = None
+        self._closing = False
+        self._parents: dict[str, None] = {}
+        self._redelete: set[str] = set()
+        self._doubts: set[tuple[str, str]] = set()
+        self._pid = os.getpid()
+
+    # -- the client -----------------------------------------------------------------------
+
+    def client(self) -> KazooClient:
+        """The started client (starting it blocks up to ``connect_timeout``)."""
+        client = self._client
+        if client is not None:
+            return client
+        with self._start_lock:
+            if self._closing:
+                raise BackendError(f"ZooKeeper {self.settings.shown}: the store is closed")
+            if self._client is None:
+                self._client = self._start()
+            return self._client
+
+    def _start(self) -> KazooClient:
+        settings = self.settings
+        retry = KazooRetry(max_tries=-1, delay=0.05, backoff=2, max_delay=1.0, max_jitter=0.1)
+        client = KazooClient(
+            hosts=settings.hosts,
+            timeout=settings.session_timeout,
+            connection_retry=retry,
+            auth_data=[settings.auth] if settings.auth else None,
+        )
+        client.add_listener(self._on_state)
+        try:
+            client.start(timeout=settings.connect_timeout)
+        except Exception as exc:
+            _stop(client)
+            raise BackendError(
+                f"ZooKeeper {settings.shown}: no connection within {settings.connect_timeout:g}s ({exc}); "
+                "is the ensemble up and the URL right?",
+                transient=True,
+            ) from exc
+        negotiated = getattr(client, "_session_timeout", None)
+        if isinstance(negotiated, (int, float)) and negotiated > 0:
+            self.timeout = negotiated / 1000.0
+        with self.lock:
+            self.session_id = client.client_id[0] if client.client_id else None
+            self.connected = True
+            self.last_contact = time.monotonic()
+        try:
+            client.ensure_path(self.settings.chroot + self.root if self.settings.chroot else self.root)
+        except Exception as exc:
+            _stop(client)
+            raise batch_error(exc, None, settings.shown) from exc
+        return client
+
+    def close(self) -> None:
+        with self._start_lock:
+            self._closing = True
+            client, self._client = self._client, None
+        timer = self._timer
+        if timer is not None:
+            timer.cancel()
+        if client is not None and os.getpid() == self._pid:
+            _stop(client)
+        self.hub.wake_all()
+
+    def reset_after_fork(self) -> None:
+        """In a forked child: the parent's client and nodes are not ours."""
+        self._start_lock = threading.Lock()
+        self.lock = threading.Lock()
+        self._client = None
+        self._timer = None
+        self.book = Book()
+        self.hub = Hub()
+        self._redelete.clear()
+        self._doubts.clear()
+        self._pid = os.getpid()
+        self.epoch += 1
+
+    def threads(self) -> list[threading.Thread]:
+        client = self._client
+        if client is None:
+            return []
+        names = ("zk_loop", "_thread_worker")
+        return [t for t in threading.enumerate() if any(n in t.name for n in names) and t.is_alive()]
+
+    # -- round trips ------------------------------------------------------------------------
+
+    def send(self, calls: Sequence[Call]) -> Batch:
+        """Send ``calls`` (pipelined), returning the batch in flight."""
+        client = self.client()
+        sent = time.monotonic()
+        results: list[Any] = []
+        try:
+            for call in calls:
+                results.append(self._submit(client, call))
+        except BaseException:
+            self.abandon(Batch(calls, results, sent))
+            raise
+        return Batch(calls, results, sent)
+
+    def _submit(self, client: KazooClient, call: Call) -> Any:
+        op, path = call.op, self.settings.chroot + call.path
+        if op == "create":
+            return client.create_async(path, call.data, ephemeral=True, sequence=True, include_data=True)
+        if op == "children":
+            return client.get_children_async(path, watch=call.watch)
+        if op == "exists":
+            return client.exists_async(path, watch=call.watch)
+        if op == "delete":
+            return client.delete_async(path)
+        if op == "get":
+            return client.get_async(path)
+        if op == "set":
+            return client.set_async(path, call.data)
+        if op == "persistent":
+            return client.create_async(path, call.data)
+        assert op == "container"
+        result = client.handler.async_result()
+        client._call(container_request(path, call.data), result)
+        return result
+
+    def run(self, calls: Sequence[Call], key: str | None = None) -> list[Any]:
+        """Send ``calls`` and wait (this thread) for every answer."""
+        batch = self.send(calls)
+        try:
+            outcomes = batch.outcomes(self.settings.request_timeout)
+        except BaseException as exc:
+            self.abandon(batch)
+            if isinstance(exc, Exception):
+                raise batch_error(exc, key, self.settings.shown) from exc
+            raise
+        self.contact(batch.sent)
+        return outcomes
+
+    async def arun(self, calls: Sequence[Call], key: str | None = None) -> list[Any]:
+        """:meth:`run` for a task: the loop is not blocked while the answers come."""
+        if self._client is None:
+            await asyncio.to_thread(self.client)
+        batch = self.send(calls)
+        try:
+            await asyncio.wait_for(batch.when_done(asyncio.get_running_loop()), self.settings.request_timeout)
+            outcomes = batch.collected()
+        except BaseException as exc:
+            self.abandon(batch)
+            if isinstance(exc, Exception) and not isinstance(exc, asyncio.CancelledError):
+                raise batch_error(exc, key, self.settings.shown) from exc
+            raise
+        self.contact(batch.sent)
+        return outcomes
+
+    def contact(self, sent: float) -> None:
+        if sent > self.last_contact:
+            self.last_contact = sent
+
+    def abandon(self, batch: Batch) -> None:
+        """A batch failed or was given up: every contender node it creates, or may have
+        created, is deleted (now if answered, else when its answer comes or, if lost, once
+        its uuid is found after the reconnection)."""
+        for call, result in zip(batch.calls, batch.results, strict=False):
+            if call.op == "create":
+                result.rawlink(lambda r, c=call: self._created_for_nobody(c, r))
+
+    def _created_for_nobody(self, call: Call, result: Any) -> None:
+        try:
+            path = result.get_nowait()
+        except Exception as exc:  # noqa: BLE001 - kazoo's answer, whatever it is, is sorted here
+            if connection_trouble(exc):
+                contender = parse(call.path.rsplit("/", 1)[1] + "0")
+                if contender is not None:
+                    with self.lock:
+                        self._doubts.add((call.path.rsplit("/", 1)[0], contender.uuid))
+            return
+        created = path[0] if isinstance(path, tuple) else path
+        chroot = self.settings.chroot
+        self.delete_later(created[len(chroot) :] if chroot and created.startswith(chroot) else created)
+
+    def delete_later(self, path: str) -> None:
+        """Delete ``path`` until it is gone (Curator's guaranteed delete): now, and again after
+        each reconnection while the connection fails."""
+        client = self._client
+        if client is None:
+            return
+        try:
+            result = client.delete_async(self.settings.chroot + path)
+        except Exception:  # noqa: BLE001 - a closed or failing client: retried after reconnecting
+            with self.lock:
+                self._redelete.add(path)
+            return
+
+        def done(r: Any) -> None:
+            try:
+                r.get_nowait()
+            except NoNodeError:
+                pass
+            except Exception as exc:  # noqa: BLE001 - logged below when not a connection failure
+                if connection_trouble(exc):
+                    with self.lock:
+                        self._redelete.add(path)
+                else:
+                    log.warning("could not delete %s: %r", path, exc)
+
+        result.rawlink(done)
+
+    def ensure_parent(self, parent: str) -> bool:
+        """Whether ``parent`` is known to exist (else a create must make it first)."""
+        return parent in self._parents
+
+    def parent_made(self, parent: str) -> None:
+        parents = self._parents
+        parents[parent] = None
+        if len(parents) > PARENTS_KEPT:
+            parents.pop(next(iter(parents)))
+
+    def parent_gone(self, parent: str) -> None:
+        self._parents.pop(parent, None)
+
+    # -- the session's state ------------------------------------------------------------------
+
+    def usable(self, node: Node) -> bool:
+        """Whether ``node`` is a hold of the live session that can be trusted now."""
+        return node.epoch == self.epoch and self.connected and self.verified
+
+    def _on_state(self, state: str) -> None:
+        """kazoo's listener, on its connection thread: never blocks."""
+        if self._closing:
+            return
+        if state == KazooState.SUSPENDED:
+            self._suspended()
+        elif state == KazooState.LOST:
+            self.declare_lost("session-lost", alive=False)
+        else:
+            self._reconnected()
+
+    def _suspended(self) -> None:
+        now = time.monotonic()
+        with self.lock:
+            self.connected = False
+            self._suspension += 1
+            serial = self._suspension
+            timeout = self.timeout
+            end = max(self.last_contact, now - 2.0 * timeout / 3.0) + timeout - min(0.5, timeout / 10.0)
+            timer = threading.Timer(max(0.0, end - now), self._suspension_over, (serial,))
+            timer.daemon = True
+            timer.name = "lockaspect-zookeeper-suspended"
+            old, self._timer = self._timer, timer
+        if old is not None:
+            old.cancel()
+        log.warning(
+            "ZooKeeper %s: connection suspended; locks are lost in %.2fs unless it returns",
+            self.settings.shown,
+            end - now,
+        )
+        timer.start()
+
+    def _suspension_over(self, serial: int) -> None:
+        with self.lock:
+            if self.connected or serial != self._suspension or self._closing:
+                return
+        self.declare_lost("expired", alive=True)
+
+    def _reconnected(self) -> None:
+        client = self._client
+        new_id = client.client_id[0] if client is not None and client.client_id else None
+        with self.lock:
+            timer, self._timer = self._timer, None
+            same = new_id == self.session_id
+            self.session_id = new_id
+            self._suspension += 1
+            self.connected = True
+            verify = same and bool(self.book.holds)
+            if verify:
+                self.verified = False
+        if timer is not None:
+            timer.cancel()
+        if not same:
+            self.declare_lost("session-lost", alive=False)
+        if client is not None:
+            client.handler.spawn(self._after_reconnect, verify)
+        self.hub.wake_all()
+
+    def _after_reconnect(self, verify: bool) -> None:
+        """On a worker thread: finish deletes the outage held up, find doubtful creates, and
+        re-read the held nodes before trusting them."""
+        with self.lock:
+            redelete, self._redelete = self._redelete, set()
+            doubts, self._doubts = self._doubts, set()
+            held = [node for node in self.book.holds.values() if node.epoch == self.epoch]
+            epoch = self.epoch
+        for path in redelete:
+            self.delete_later(path)
+        for parent, uuid in doubts:
+            try:
+                (children,) = self.run([Call("children", parent)])
+            except BackendError:
+                with self.lock:
+                    self._doubts.add((parent, uuid))
+                continue
+            if not isinstance(children, Exception):
+                for name in children:
+                    if f"_c_{uuid}-" in name:
+                        self.delete_later(f"{parent}/{name}")
+        if not verify:
+            return
+        try:
+            found = self.run([Call("exists", node.path) for node in held]) if held else []
+        except BackendError:
+            return  # the connection went again: the next reconnection re-reads
+        gone = [node for node, stat in zip(held, found, strict=True) if stat is None or isinstance(stat, Exception)]
+        with self.lock:
+            if self.epoch == epoch:
+                self.verified = True
+        self.lose_nodes(gone, "not-owner")
+
+    def declare_lost(self, reason: str, *, alive: bool) -> None:
+        """Every hold and queue place of the session is lost (``alive``: the session may
+        still live, so its nodes are deleted once it is reachable)."""
+        with self.lock:
+            nodes = self.book.nodes()
+            tokens = [node.token for node in self.book.holds.values()]
+            self.book.clear()
+            self.epoch += 1
+            self.verified = True
+            if alive:
+                self._redelete.update(node.path for node in nodes)
+            else:
+                self._redelete.clear()
+                self._doubts.clear()
+        if tokens:
+            log.warning(
+                "ZooKeeper %s: %d lock(s) lost (%s)", self.settings.shown, len(tokens),
+                "the session's lease estimate ran out" if reason == "expired" else "the session expired",
+            )  # fmt: skip
+        self.hub.wake_all()
+        self._report(tokens, reason)
+
+    def lose_nodes(self, nodes: Collection[Node], reason: str) -> None:
+        """These held nodes are gone (deleted by someone else): their holds are lost."""
+        tokens = []
+        with self.lock:
+            for node in nodes:
+                if self.book.holds.get((node.key, node.token)) is node:
+                    del self.book.holds[(node.key, node.token)]
+                    self.book.paths.pop(node.path, None)
+                    tokens.append(node.token)
+        if tokens:
+            log.warning("ZooKeeper %s: %d lock(s) lost (%s)", self.settings.shown, len(tokens), reason)
+            self._report(tokens, reason)
+
+    def held_watch(self, node: Node) -> Callable[[Any], None]:
+        """The watch set on a held node: its deletion by anyone but us loses the hold."""
+
+        def fired(event: Any) -> None:
+            if event.type == "DELETED":
+                self.lose_nodes([node], "not-owner")
+            elif event.type == "CHANGED" and node.token and self._client is not None:
+                try:
+                    self.send([Call("exists", node.path, watch=fired)])  # re-arm
+                except BackendError:
+                    pass
+
+        return fired
+
+    def _report(self, tokens: Sequence[str], reason: str) -> None:
+        callback = self.on_loss
+        if callback is not None and tokens:
+            try:
+                callback(tokens, reason)
+            except Exception:  # pragma: no cover - the engine's callback does not raise
+                log.exception("reporting lost locks failed")
+
+
+def _stop(client: KazooClient) -> None:
+    try:
+        client.stop()
+        client.close()
+    except Exception:  # pragma: no cover - best effort at shutdown
+        log.debug("stopping the kazoo client failed", exc_info=True)
+
+
+__all__ += ["ANSWERS", "NoNodeError", "NodeExistsError"]
