@@ -17,6 +17,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 __all__ = ["ZooKeeperServer", "find_java", "find_zookeeper_classpath"]
 
@@ -304,6 +305,23 @@ class ZooKeeperServer:
     def resume(self) -> None:
         """SIGCONT what :meth:`pause` stopped."""
         os.kill(self.pid, signal.SIGCONT)
+
+    def connect(self, **options: Any) -> Any:
+        """A started ``kazoo.client.KazooClient`` on this server (``options`` go to its
+        constructor); the caller stops it. Needs kazoo (``lockaspect[zookeeper]``)."""
+        from kazoo.client import KazooClient
+
+        client = KazooClient(hosts=self.hosts, **options)
+        client.start(timeout=READY_TIMEOUT)
+        return client
+
+    def expire_session(self, client_id: tuple[int, bytes]) -> None:
+        """Expire the session ``client_id`` (a kazoo client's ``client_id``) on the server, for
+        real: a second client joins the session and closes it. The session's owner sees
+        SUSPENDED, then LOST, and its ephemeral nodes are gone."""
+        twin = self.connect(client_id=client_id)
+        twin.stop()
+        twin.close()
 
     def __enter__(self) -> ZooKeeperServer:
         return self.start()

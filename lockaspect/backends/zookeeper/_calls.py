@@ -96,6 +96,9 @@ class Batch:
         """Each call's answer, waiting (this thread) until ``timeout`` seconds from now.
         Raises the first error that is not an answer."""
         deadline = time.monotonic() + timeout
+        if self.results:
+            # Replies come in order: once the last is in, so is every other (one wake-up).
+            self.results[-1].wait(timeout)
         out: list[Any] = []
         for result in self.results:
             try:

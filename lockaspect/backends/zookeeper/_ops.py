@@ -120,8 +120,9 @@ def _drop(session: Session, node: Node) -> None:
 
 
 def _hold(session: Session, node: Node, token: str, woke_others: bool) -> AcquireResult:
-    """``node`` holds the lock for ``token``: book it, and watch it (deleted by anyone but
-    us, the hold is lost)."""
+    """``node`` holds the lock for ``token``: book it (the watchdog's first renewal sets the
+    watch that tells of its deletion by anyone else, see ``Session.watch_held``); a
+    semaphore holder that waited touches its node, which wakes its successor."""
     with session.lock:
         book = session.book
         if node.waiter and book.queued.get((node.key, node.waiter)) is node:
@@ -130,12 +131,11 @@ def _hold(session: Session, node: Node, token: str, woke_others: bool) -> Acquir
         book.holds[(node.key, token)] = node
     if waiter:
         session.hub.forget((node.key, waiter))
-    calls = [Call("set", node.path, b"")] if woke_others else []
-    calls.append(Call("exists", node.path, watch=session.held_watch(node)))
-    try:
-        session.send(calls)  # answered later; nothing waits for it
-    except BackendError:
-        pass
+    if woke_others:
+        try:
+            session.send([Call("set", node.path, b"")])  # answered later; nothing waits for it
+        except BackendError:
+            pass
     return AcquireResult(True, node.fence)
 
 

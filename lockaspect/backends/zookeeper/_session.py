@@ -50,7 +50,7 @@ PARENTS_KEPT = 4096
 class Node:
     """One contender node of this session: a hold (``token`` set) or a queue place."""
 
-    __slots__ = ("epoch", "fence", "infix", "key", "name", "parent", "path", "token", "waiter")
+    __slots__ = ("epoch", "fence", "infix", "key", "name", "parent", "path", "token", "waiter", "watched")
 
     def __init__(self, key: str, parent: str, name: str, infix: str, fence: int, epoch: int) -> None:
         self.key = key
@@ -62,6 +62,7 @@ class Node:
         self.epoch = epoch
         self.token = ""
         self.waiter = ""
+        self.watched = False
 
 
 class Book:
@@ -455,6 +456,27 @@ class Session:
         if tokens:
             log.warning("ZooKeeper %s: %d lock(s) lost (%s)", self.settings.shown, len(tokens), reason)
             self._report(tokens, reason)
+
+    def watch_held(self, nodes: Sequence[Node]) -> None:
+        """Watch held nodes (at their first renewal: a short hold costs no request for it):
+        a node deleted by anyone but us loses its hold at once, and one already gone now."""
+        try:
+            batch = self.send([Call("exists", node.path, watch=self.held_watch(node)) for node in nodes])
+        except BackendError:
+            for node in nodes:
+                node.watched = False
+            return
+        for node, result in zip(nodes, batch.results, strict=True):
+            result.rawlink(lambda r, n=node: self._watched(n, r))
+
+    def _watched(self, node: Node, result: Any) -> None:
+        try:
+            stat = result.get_nowait()
+        except Exception:  # noqa: BLE001 - a failed watch is set again at the next renewal
+            node.watched = False
+            return
+        if stat is None:
+            self.lose_nodes([node], "not-owner")
 
     def held_watch(self, node: Node) -> Callable[[Any], None]:
         """The watch set on a held node: its deletion by anyone but us loses the hold."""
