@@ -188,11 +188,15 @@ class Session:
         self.epoch += 1
 
     def threads(self) -> list[threading.Thread]:
+        """kazoo's threads for this session: its connection loop and its callback worker."""
         client = self._client
         if client is None:
             return []
-        names = ("zk_loop", "_thread_worker")
-        return [t for t in threading.enumerate() if any(n in t.name for n in names) and t.is_alive()]
+        found = list(getattr(client.handler, "_workers", ()))
+        connection = getattr(getattr(client, "_connection", None), "_connection_routine", None)
+        if connection is not None:
+            found.append(connection)
+        return [thread for thread in found if isinstance(thread, threading.Thread) and thread.is_alive()]
 
     # -- round trips ------------------------------------------------------------------------
 
@@ -374,7 +378,7 @@ class Session:
         new_id = client.client_id[0] if client is not None and client.client_id else None
         with self.lock:
             timer, self._timer = self._timer, None
-            same = new_id == self.session_id
+            same = new_id == self.session_id or self.session_id is None  # None: the first connection
             self.session_id = new_id
             self._suspension += 1
             self.connected = True
