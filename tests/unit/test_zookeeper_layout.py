@@ -129,6 +129,7 @@ def test_semaphore_first_waiter_watches_the_queue_and_the_rest_their_predecessor
         "zookeeper://host?session_timeout=-1",
         "zookeeper://host?session_timeout=abc",
         "zookeeper://host?owner_info=maybe",
+        "zookeeper://host?containers=2",
         "redis://host",
     ],
 )
@@ -149,6 +150,8 @@ def test_url_parts_and_options() -> None:
     assert "s3cret" not in settings.shown
     assert (settings.session_timeout, settings.connect_timeout, settings.request_timeout) == (4.0, 2.0, 4.0)
     assert settings.owner_info is False
+    assert settings.containers is True
+    assert parse_settings("zookeeper://h?containers=false", "ns:", {}).containers is False
     with pytest.raises(TypeError):
         parse_settings(b"zookeeper://h", "ns:", {})  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError) as info:

@@ -90,7 +90,7 @@ def _create(session: Session, key: str, infix: str, data: bytes, sem: bool) -> P
     for _ in range(3):
         epoch = session.epoch
         make = not session.ensure_parent(parent)
-        calls = [Call("container", parent)] if make else []
+        calls = [Call("container" if session.settings.containers else "persistent", parent)] if make else []
         calls += [
             Call("create", f"{parent}/{contender_prefix(os.urandom(16).hex(), infix)}", data),
             Call("children", parent),
@@ -323,8 +323,13 @@ def release(session: Session, key: str, token: str) -> Plan:
     if not connected:
         session.delete_later(node.path)
         return ReleaseResult.RELEASED
+    calls = [Call("delete", node.path)]
+    if not session.settings.containers:
+        # A plain key node goes with its last contender: refused (not empty) while others queue.
+        calls.append(Call("delete", node.parent))
+        session.parent_gone(node.parent)
     try:
-        (answer,) = yield [Call("delete", node.path)]
+        answer = (yield calls)[0]
     except BackendError:
         session.delete_later(node.path)
         return ReleaseResult.RELEASED

@@ -14,6 +14,10 @@ store's options in the query string or as keywords (keywords win):
   timeout.
 * ``owner_info``: write JSON owner metadata (host, pid, thread or task, acquired_at) into each
   contender node. Default true.
+* ``containers``: make each key's node a container node, which the server removes after its
+  last child (ZooKeeper >= 3.5.1). With ``false`` (for older servers) the key's node is a
+  plain node that each release tries to delete (refused, harmlessly, while others queue).
+  Default true.
 
 ``user:password`` adds ZooKeeper ``digest`` authentication to the session.
 """
@@ -37,6 +41,7 @@ DEFAULTS: Final[dict[str, Any]] = {
     "connect_timeout": 10.0,
     "request_timeout": None,
     "owner_info": True,
+    "containers": True,
 }
 
 
@@ -52,6 +57,7 @@ class Settings:
         namespace: The prefix of every key; its node is ``/<namespace without ':'>``.
         session_timeout, connect_timeout, request_timeout: Seconds (see the module docstring).
         owner_info: Write owner metadata into contender nodes.
+        containers: Key nodes are containers (else plain nodes deleted after the last release).
     """
 
     hosts: str
@@ -63,6 +69,7 @@ class Settings:
     connect_timeout: float
     request_timeout: float
     owner_info: bool
+    containers: bool = True
 
 
 def _seconds(name: str, value: object, shown: str) -> float:
@@ -165,4 +172,5 @@ def parse_settings(url: object, namespace: object, options: dict[str, Any]) -> S
         connect_timeout=connect,
         request_timeout=request,
         owner_info=_flag("owner_info", values["owner_info"], shown),
+        containers=_flag("containers", values["containers"], shown),
     )
