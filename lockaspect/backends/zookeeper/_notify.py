@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from ..._wakeup import AsyncWakeup, Wakeup
@@ -35,6 +36,20 @@ class Hub:
         self.lock = threading.Lock()
         self.channels: dict[Channel, set[_Waiter]] = {}
         self.pending: set[Channel] = set()
+        self.wakers: dict[Channel, Callable[[Any], None]] = {}
+
+    def waker(self, channel: Channel) -> Callable[[Any], None]:
+        """The watch function that wakes ``channel``: one object per channel, so a watch set
+        again on the same node is one watch (kazoo keeps watch functions in a set)."""
+        with self.lock:
+            found = self.wakers.get(channel)
+            if found is None:
+
+                def found(event: Any) -> None:
+                    self.wake(channel)
+
+                self.wakers[channel] = found
+            return found
 
     def wake(self, channel: Channel) -> None:
         """Wake ``channel``'s subscribers, or keep the wake-up for its next subscription."""
@@ -53,9 +68,10 @@ class Hub:
             waiter.wake()
 
     def forget(self, channel: Channel) -> None:
-        """The channel's contender is gone: drop a wake-up kept for it."""
+        """The channel's contender is gone: drop a wake-up kept for it, and its watch function."""
         with self.lock:
             self.pending.discard(channel)
+            self.wakers.pop(channel, None)
 
     def join(self, waiter: _Waiter) -> None:
         with self.lock:
@@ -81,6 +97,7 @@ class Hub:
         with self.lock:
             self.channels.clear()
             self.pending.clear()
+            self.wakers.clear()
 
 
 class _Subscription:

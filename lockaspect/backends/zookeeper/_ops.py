@@ -227,12 +227,7 @@ def _acquire(session: Session, request: AcquireRequest, waiter: str | None) -> P
 
 
 def _waker(session: Session, key: str, waiter: str) -> Any:
-    hub = session.hub
-
-    def wake(event: Any) -> None:
-        hub.wake((key, waiter))
-
-    return wake
+    return session.hub.waker((key, waiter))
 
 
 def acquire_multi(session: Session, request: AcquireRequest) -> Plan:
@@ -276,7 +271,8 @@ def acquire_multi(session: Session, request: AcquireRequest) -> Plan:
                 with session.lock:
                     session.book.multi.pop(waiter or "", None)
                 if waiter:
-                    session.hub.forget((mine[-1].key, waiter))
+                    for node in mine:
+                        session.hub.forget((node.key, waiter))
                 for node in mine:
                     node.waiter = ""
                     taken.append(_hold(session, node, token, False).fencing_token)
@@ -356,6 +352,7 @@ def unqueue(session: Session, key: str, waiter: str) -> None:
             book.paths.pop(node.path, None)
     session.hub.forget((key, waiter))
     for node in nodes:
+        session.hub.forget((node.key, waiter))
         session.delete_later(node.path)
 
 
