@@ -34,60 +34,18 @@ from kazoo.retry import KazooRetry
 
 from ...errors import BackendError
 from ..base import LossCallback
+from ._book import Book, Node
 from ._calls import ANSWERS, Batch, Call, batch_error, connection_trouble, container_request
 from ._layout import parse
 from ._notify import Hub
 from ._options import Settings
 
-__all__ = ["Book", "Node", "Session"]
+__all__ = ["Book", "Node", "Session"]  # Book and Node: from ._book
 
 log = logging.getLogger("lockaspect.zookeeper")
 
 #: Known parent paths remembered (a create under a forgotten one costs one extra request).
 PARENTS_KEPT = 4096
-
-
-class Node:
-    """One contender node of this session: a hold (``token`` set) or a queue place."""
-
-    __slots__ = ("epoch", "fence", "infix", "key", "name", "parent", "path", "token", "waiter", "watched")
-
-    def __init__(self, key: str, parent: str, name: str, infix: str, fence: int, epoch: int) -> None:
-        self.key = key
-        self.parent = parent
-        self.name = name
-        self.path = f"{parent}/{name}"
-        self.infix = infix
-        self.fence = fence
-        self.epoch = epoch
-        self.token = ""
-        self.waiter = ""
-        self.watched = False
-
-
-class Book:
-    """What this session has in the tree: holds by ``(key, token)``, queue places by ``(key,
-    waiter)``, a multi-key waiter's places by waiter, and every node by path. Guarded by the
-    session's lock."""
-
-    def __init__(self) -> None:
-        self.holds: dict[tuple[str, str], Node] = {}
-        self.queued: dict[tuple[str, str], Node] = {}
-        self.multi: dict[str, list[Node]] = {}
-        self.paths: dict[str, Node] = {}
-        # (key, waiter) places an attempt is using now: a concurrent attempt under the same
-        # waiter id (another task or thread of this process) acts as a plain try instead.
-        self.claims: set[tuple[str, str]] = set()
-
-    def nodes(self) -> list[Node]:
-        return list(self.paths.values())
-
-    def clear(self) -> None:
-        self.holds.clear()
-        self.queued.clear()
-        self.multi.clear()
-        self.paths.clear()
-        self.claims.clear()
 
 
 class Session:
