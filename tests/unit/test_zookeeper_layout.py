@@ -163,8 +163,12 @@ def test_the_kazoo_internals_the_store_uses_are_there() -> None:
     """Container nodes go through kazoo's private ``_call`` with a CREATE2 body (opcode 19):
     if a kazoo release changes either, this fails before any lock does."""
     from kazoo.client import KazooClient
+    from kazoo.protocol.connection import ConnectionHandler
     from kazoo.protocol.serialization import Create2
 
     assert list(inspect.signature(KazooClient._call).parameters) == ["self", "request", "async_object"]
     assert Create2._fields == ("path", "data", "acl", "flags")
     assert Create2.type == 15
+    # The granted session timeout is read from what the connection's _connect returns.
+    assert list(inspect.signature(ConnectionHandler._connect).parameters) == ["self", "host", "hostip", "port"]
+    assert "return read_timeout, connect_timeout" in inspect.getsource(ConnectionHandler._connect)

@@ -98,6 +98,7 @@ class Session:
             auth_data=[settings.auth] if settings.auth else None,
         )
         client.add_listener(self._on_state)
+        self._learn_granted_timeout(client)
         try:
             client.start(timeout=settings.connect_timeout)
         except Exception as exc:
@@ -107,9 +108,6 @@ class Session:
                 "is the ensemble up and the URL right?",
                 transient=True,
             ) from exc
-        negotiated = getattr(client, "_session_timeout", None)
-        if isinstance(negotiated, (int, float)) and negotiated > 0:
-            self.timeout = negotiated / 1000.0
         with self.lock:
             self.session_id = client.client_id[0] if client.client_id else None
             self.connected = True
@@ -120,6 +118,27 @@ class Session:
             _stop(client)
             raise batch_error(exc, None, settings.shown) from exc
         return client
+
+    def _learn_granted_timeout(self, client: KazooClient) -> None:
+        """Record the session timeout the server grants (it clamps the one asked for to its
+        bounds). kazoo keeps only the one asked for; its connection's ``_connect`` returns the
+        read timeout, two thirds of the granted one, so that method is wrapped, for this
+        client only (the kazoo internals used are checked by tests/unit)."""
+        connection = client._connection
+        connect = connection._connect
+
+        def connected(*args: Any) -> Any:
+            read_timeout, connect_timeout = connect(*args)
+            granted = read_timeout * 1.5 / 1000.0
+            if abs(granted - self.timeout) > 1e-3:
+                log.info(
+                    "ZooKeeper %s granted a session timeout of %.3gs (asked for %.3gs): the lease estimate uses it",
+                    self.settings.shown, granted, self.settings.session_timeout,
+                )  # fmt: skip
+                self.timeout = granted
+            return read_timeout, connect_timeout
+
+        connection._connect = connected
 
     def close(self) -> None:
         with self._start_lock:
@@ -316,13 +335,14 @@ class Session:
             timer.daemon = True
             timer.name = "lockaspect-zookeeper-suspended"
             old, self._timer = self._timer, timer
+            held = len(self.book.holds)
         if old is not None:
             old.cancel()
-        log.warning(
-            "ZooKeeper %s: connection suspended; locks are lost in %.2fs unless it returns",
-            self.settings.shown,
-            end - now,
-        )
+        log.log(
+            logging.WARNING if held else logging.INFO,
+            "ZooKeeper %s: connection suspended; %d lock(s) held are lost in %.2fs unless it returns",
+            self.settings.shown, held, end - now,
+        )  # fmt: skip
         timer.start()
 
     def _suspension_over(self, serial: int) -> None:
@@ -341,6 +361,8 @@ class Session:
             self._suspension += 1
             self.connected = True
             verify = same and bool(self.book.holds)
+            for node in self.book.holds.values():
+                node.watched = False  # its watch died with the connection
             if verify:
                 self.verified = False
         if timer is not None:
@@ -375,9 +397,13 @@ class Session:
         if not verify:
             return
         try:
-            found = self.run([Call("exists", node.path) for node in held]) if held else []
+            # kazoo does not set watches again after a reconnection: each held node's is set
+            # again here, with the re-read.
+            found = self.run([Call("exists", node.path, watch=self.held_watch(node)) for node in held]) if held else []
         except BackendError:
             return  # the connection went again: the next reconnection re-reads
+        for node in held:
+            node.watched = True
         gone = [node for node, stat in zip(held, found, strict=True) if stat is None or isinstance(stat, Exception)]
         with self.lock:
             if self.epoch == epoch:
