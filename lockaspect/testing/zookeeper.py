@@ -42,7 +42,8 @@ def find_zookeeper_classpath() -> str:
     """The Java classpath of a ZooKeeper server (with an slf4j binding, when there is one).
 
     Searched in order: the environment variable ``LOCKASPECT_ZOOKEEPER_CLASSPATH`` (used
-    verbatim); Debian's ``/usr/share/java/zookeeper.jar`` (from ``libzookeeper-java``; its
+    verbatim); ``ZOOKEEPER_HOME`` (an Apache release unpacked there: ``lib/*`` and the jars
+    at its top); Debian's ``/usr/share/java/zookeeper.jar`` (from ``libzookeeper-java``; its
     manifest names every dependency jar), plus ``/usr/share/java/slf4j-simple.jar`` if present.
 
     Raises:
@@ -51,6 +52,9 @@ def find_zookeeper_classpath() -> str:
     override = os.environ.get("LOCKASPECT_ZOOKEEPER_CLASSPATH")
     if override:
         return override
+    home = os.environ.get("ZOOKEEPER_HOME")
+    if home and os.path.isdir(os.path.join(home, "lib")):
+        return os.pathsep.join([os.path.join(home, "lib", "*"), os.path.join(home, "*")])
     if os.path.isfile(DEBIAN_JAR):
         jars = [DEBIAN_JAR]
         if os.path.isfile(DEBIAN_SLF4J):
