@@ -106,9 +106,28 @@ def _host(part: str, shown: str) -> str:
         host, port = part.rsplit(":", 1)
     if not host or any(c in host for c in " /?#@"):
         raise ConfigurationError(f"{shown}: bad host {part!r} (expected host:port)")
-    if not port.isdigit() or not (0 < int(port) < 65536):
+    if not (port.isascii() and port.isdigit()) or not (0 < int(port) < 65536):
         raise ConfigurationError(f"{shown}: bad port in {part!r} (1-65535)")
     return f"{host}:{int(port)}"
+
+
+def _split_userinfo(rest: str) -> tuple[str, str, str]:
+    """``user:password``, ``@`` and the rest, or ``("", "", rest)``: the userinfo ends at the
+    last ``@`` (a password may hold ``/``, ``?`` or ``#``; host names and ports cannot hold
+    ``@``)."""
+    userinfo, at, after = rest.rpartition("@")
+    if not at:
+        return "", "", rest
+    return userinfo, at, after
+
+
+def _redacted(url: str) -> str:
+    """``url`` with its password replaced by ``***`` (found as :func:`parse_settings` finds it)."""
+    scheme, sep, rest = url.partition("://")
+    userinfo, at, after = _split_userinfo(rest)
+    if not sep or not at or ":" not in userinfo:
+        return redacted(url)
+    return f"{scheme}://{userinfo.split(':', 1)[0]}:***@{after}"
 
 
 def parse_settings(url: object, namespace: object, options: dict[str, Any]) -> Settings:
@@ -120,18 +139,18 @@ def parse_settings(url: object, namespace: object, options: dict[str, Any]) -> S
     """
     if not isinstance(url, str):
         raise TypeError(f"a zookeeper:// URL must be a str, got {type(url).__name__}")
-    shown = redacted(url)
+    shown = _redacted(url)
     if not isinstance(namespace, str):
         raise ConfigurationError(f"namespace must be a str, got {namespace!r}")
     scheme, sep, rest = url.partition("://")
     if not sep or scheme.lower() != SCHEME:
         raise ConfigurationError(f"{shown}: not a zookeeper:// URL")
+    userinfo, at, rest = _split_userinfo(rest)
     rest, _, fragment = rest.partition("#")
     if fragment:
         raise ConfigurationError(f"{shown}: a zookeeper:// URL has no #fragment")
     rest, _, query = rest.partition("?")
-    netloc, slash, path = rest.partition("/")
-    userinfo, at, hostlist = netloc.rpartition("@")
+    hostlist, slash, path = rest.partition("/")
     auth = None
     if at:
         user, colon, password = userinfo.partition(":")
@@ -143,10 +162,10 @@ def parse_settings(url: object, namespace: object, options: dict[str, Any]) -> S
     hosts = ",".join(_host(part, shown) for part in hostlist.split(","))
     chroot = ""
     if slash and path.strip("/"):
-        parts = path.strip("/").split("/")
-        if any(p in ("", ".", "..") for p in parts):
+        parts = [unquote(p) for p in path.strip("/").split("/")]
+        if any(p in ("", ".", "..") or "/" in p or "\x00" in p for p in parts):
             raise ConfigurationError(f"{shown}: bad chroot path /{path}")
-        chroot = "/" + "/".join(unquote(p) for p in parts)
+        chroot = "/" + "/".join(parts)
     merged: dict[str, Any] = {}
     for name, value in parse_qsl(query, keep_blank_values=True, strict_parsing=False):
         if name not in DEFAULTS:

@@ -46,6 +46,8 @@ log = logging.getLogger("lockaspect.zookeeper")
 
 #: Known parent paths remembered (a create under a forgotten one costs one extra request).
 PARENTS_KEPT = 4096
+#: Seconds between re-reads of the held nodes after a reconnection, while they fail.
+RETRY_PAUSE = 0.2
 
 
 class Session:
@@ -73,6 +75,9 @@ class Session:
         self._redelete: set[str] = set()
         self._doubts: set[tuple[str, str]] = set()
         self._pid = os.getpid()
+        # Set while the session can take requests: kazoo fails every request at once between
+        # an expired session and its new one, so a batch waits (request_timeout) for that.
+        self._live = threading.Event()
 
     # -- the client -----------------------------------------------------------------------
 
@@ -111,6 +116,7 @@ class Session:
         with self.lock:
             self.session_id = client.client_id[0] if client.client_id else None
             self.connected = True
+            self._live.set()
             self.last_contact = time.monotonic()
         try:
             client.ensure_path(self.settings.chroot + self.root if self.settings.chroot else self.root)
@@ -149,6 +155,7 @@ class Session:
             timer.cancel()
         if client is not None and os.getpid() == self._pid:
             _stop(client)
+        self._live.set()  # nobody waits for a closed session
         self.hub.wake_all()
 
     def reset_after_fork(self) -> None:
@@ -157,6 +164,7 @@ class Session:
         self.lock = threading.Lock()
         self._client = None
         self._timer = None
+        self._live = threading.Event()
         self.book = Book()
         self.hub = Hub()
         self._redelete.clear()
@@ -213,6 +221,8 @@ class Session:
 
     def run(self, calls: Sequence[Call], key: str | None = None) -> list[Any]:
         """Send ``calls`` and wait (this thread) for every answer."""
+        if not self._live.is_set():
+            self._ready()
         batch = self.send(calls)
         try:
             outcomes = batch.outcomes(self.settings.request_timeout)
@@ -226,8 +236,8 @@ class Session:
 
     async def arun(self, calls: Sequence[Call], key: str | None = None) -> list[Any]:
         """:meth:`run` for a task: the loop is not blocked while the answers come."""
-        if self._client is None:
-            await asyncio.to_thread(self.client)
+        if self._client is None or not self._live.is_set():
+            await asyncio.to_thread(self._ready)
         batch = self.send(calls)
         try:
             await asyncio.wait_for(batch.when_done(asyncio.get_running_loop()), self.settings.request_timeout)
@@ -239,6 +249,10 @@ class Session:
             raise
         self.contact(batch.sent)
         return outcomes
+
+    def _ready(self) -> None:
+        self.client()
+        self._live.wait(self.settings.request_timeout)
 
     def contact(self, sent: float) -> None:
         if sent > self.last_contact:
@@ -319,6 +333,7 @@ class Session:
         if state == KazooState.SUSPENDED:
             self._suspended()
         elif state == KazooState.LOST:
+            self._live.clear()
             self.declare_lost("session-lost", alive=False)
         else:
             self._reconnected()
@@ -359,7 +374,9 @@ class Session:
             same = new_id == self.session_id or self.session_id is None  # None: the first connection
             self.session_id = new_id
             self._suspension += 1
+            serial = self._suspension
             self.connected = True
+            self._live.set()
             verify = same and bool(self.book.holds)
             for node in self.book.holds.values():
                 node.watched = False  # its watch died with the connection
@@ -370,10 +387,10 @@ class Session:
         if not same:
             self.declare_lost("session-lost", alive=False)
         if client is not None:
-            client.handler.spawn(self._after_reconnect, verify)
+            client.handler.spawn(self._after_reconnect, verify, serial)
         self.hub.wake_all()
 
-    def _after_reconnect(self, verify: bool) -> None:
+    def _after_reconnect(self, verify: bool, serial: int) -> None:
         """On a worker thread: finish deletes the outage held up, find doubtful creates, and
         re-read the held nodes before trusting them."""
         with self.lock:
@@ -396,12 +413,18 @@ class Session:
                         self.delete_later(f"{parent}/{name}")
         if not verify:
             return
-        try:
-            # kazoo does not set watches again after a reconnection: each held node's is set
-            # again here, with the re-read.
-            found = self.run([Call("exists", node.path, watch=self.held_watch(node)) for node in held]) if held else []
-        except BackendError:
-            return  # the connection went again: the next reconnection re-reads
+        while True:
+            try:
+                # kazoo does not set watches again after a reconnection: each held node's is
+                # set again here, with the re-read.
+                calls = [Call("exists", node.path, watch=self.held_watch(node)) for node in held]
+                found = self.run(calls) if held else []
+                break
+            except BackendError:
+                with self.lock:
+                    if self._closing or self.epoch != epoch or serial != self._suspension:
+                        return  # lost meanwhile, or a later reconnection re-reads
+                time.sleep(RETRY_PAUSE)
         for node in held:
             node.watched = True
         gone = [node for node, stat in zip(held, found, strict=True) if stat is None or isinstance(stat, Exception)]
@@ -470,7 +493,9 @@ class Session:
         """The watch set on a held node: its deletion by anyone but us loses the hold."""
 
         def fired(event: Any) -> None:
-            if event.type == "DELETED":
+            if event.type == "NONE":  # kazoo dropped the watch with the connection
+                node.watched = False
+            elif event.type == "DELETED":
                 self.lose_nodes([node], "not-owner")
             elif event.type == "CHANGED" and node.token and self._client is not None:
                 try:
