@@ -221,7 +221,7 @@ class Session:
 
     def run(self, calls: Sequence[Call], key: str | None = None) -> list[Any]:
         """Send ``calls`` and wait (this thread) for every answer."""
-        if not self._live.is_set():
+        if not self._live.is_set() or self._expired():
             self._ready()
         batch = self.send(calls)
         try:
@@ -236,7 +236,7 @@ class Session:
 
     async def arun(self, calls: Sequence[Call], key: str | None = None) -> list[Any]:
         """:meth:`run` for a task: the loop is not blocked while the answers come."""
-        if self._client is None or not self._live.is_set():
+        if self._client is None or not self._live.is_set() or self._expired():
             await asyncio.to_thread(self._ready)
         batch = self.send(calls)
         try:
@@ -250,9 +250,26 @@ class Session:
         self.contact(batch.sent)
         return outcomes
 
+    def _expired(self) -> bool:
+        """kazoo is between an expired session and its new one (it says so before it tells its
+        listeners, so this is checked here too): requests would fail at once."""
+        client = self._client
+        return client is not None and client.state == KazooState.LOST and not self._closing
+
     def _ready(self) -> None:
+        """Start the client if need be, and wait (up to ``request_timeout``) for a session."""
         self.client()
-        self._live.wait(self.settings.request_timeout)
+        deadline = time.monotonic() + self.settings.request_timeout
+        while not self._closing:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            if not self._live.is_set():
+                self._live.wait(left)
+            elif self._expired():
+                time.sleep(min(left, 0.01))  # our LOST listener has not run yet: a moment
+            else:
+                return
 
     def contact(self, sent: float) -> None:
         if sent > self.last_contact:
