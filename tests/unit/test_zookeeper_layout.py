@@ -172,3 +172,8 @@ def test_the_kazoo_internals_the_store_uses_are_there() -> None:
     # The granted session timeout is read from what the connection's _connect returns.
     assert list(inspect.signature(ConnectionHandler._connect).parameters) == ["self", "host", "hostip", "port"]
     assert "return read_timeout, connect_timeout" in inspect.getsource(ConnectionHandler._connect)
+    # A waiter that gives up takes its watch function off kazoo's watcher sets.
+    client = KazooClient(hosts="127.0.0.1:1")
+    assert isinstance(client._data_watchers, dict)
+    assert isinstance(client._child_watchers, dict)
+    assert callable(client._connection._connect)

@@ -48,6 +48,7 @@ class Hub:
                 def found(event: Any) -> None:
                     self.wake(channel)
 
+                found.paths = set()  # type: ignore[attr-defined]  # where it is set (see Session)
                 self.wakers[channel] = found
             return found
 
@@ -55,7 +56,7 @@ class Hub:
         """Wake ``channel``'s subscribers, or keep the wake-up for its next subscription."""
         with self.lock:
             listeners = list(self.channels.get(channel, ()))
-            if not listeners:
+            if not listeners and channel in self.wakers:  # a forgotten channel keeps nothing
                 self.pending.add(channel)
         for waiter in listeners:
             waiter.wake()
@@ -67,11 +68,12 @@ class Hub:
         for waiter in listeners:
             waiter.wake()
 
-    def forget(self, channel: Channel) -> None:
-        """The channel's contender is gone: drop a wake-up kept for it, and its watch function."""
+    def forget(self, channel: Channel) -> Callable[[Any], None] | None:
+        """The channel's contender is gone: drop a wake-up kept for it, and its watch function
+        (returned, for the session to take it off kazoo's watcher sets)."""
         with self.lock:
             self.pending.discard(channel)
-            self.wakers.pop(channel, None)
+            return self.wakers.pop(channel, None)
 
     def join(self, waiter: _Waiter) -> None:
         with self.lock:

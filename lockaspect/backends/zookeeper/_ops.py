@@ -130,7 +130,7 @@ def _hold(session: Session, node: Node, token: str, woke_others: bool) -> Acquir
         waiter, node.waiter, node.token = node.waiter, "", token
         book.holds[(node.key, token)] = node
     if waiter:
-        session.hub.forget((node.key, waiter))
+        session.forget((node.key, waiter))
     if woke_others:
         try:
             session.send([Call("set", node.path, b"")])  # answered later; nothing waits for it
@@ -272,7 +272,7 @@ def acquire_multi(session: Session, request: AcquireRequest) -> Plan:
                     session.book.multi.pop(waiter or "", None)
                 if waiter:
                     for node in mine:
-                        session.hub.forget((node.key, waiter))
+                        session.forget((node.key, waiter))
                 for node in mine:
                     node.waiter = ""
                     taken.append(_hold(session, node, token, False).fencing_token)
@@ -350,9 +350,9 @@ def unqueue(session: Session, key: str, waiter: str) -> None:
             nodes = [node] if node is not None else []
         for node in nodes:
             book.paths.pop(node.path, None)
-    session.hub.forget((key, waiter))
+    session.forget((key, waiter))
     for node in nodes:
-        session.hub.forget((node.key, waiter))
+        session.forget((node.key, waiter))
         session.delete_later(node.path)
 
 

@@ -200,6 +200,9 @@ class Session:
 
     def _submit(self, client: KazooClient, call: Call) -> Any:
         op, path = call.op, self.settings.chroot + call.path
+        paths = getattr(call.watch, "paths", None)
+        if paths is not None:
+            paths.add(path)  # a waiter's watch: taken off kazoo's sets when the waiter goes
         if op == "create":
             return client.create_async(path, call.data, ephemeral=True, sequence=True, include_data=True)
         if op == "children":
@@ -323,6 +326,20 @@ class Session:
                     log.warning("could not delete %s: %r", path, exc)
 
         result.rawlink(done)
+
+    def forget(self, channel: tuple[str, str]) -> None:
+        """A waiter's queue place is gone: forget its wake-ups, and take its watch function off
+        kazoo's watcher sets (kazoo keeps each until its node changes: a long-held lock would
+        otherwise collect one per waiter that gave up)."""
+        watch = self.hub.forget(channel)
+        client = self._client
+        if watch is None or client is None:
+            return
+        for path in getattr(watch, "paths", ()):
+            for watchers in (client._data_watchers, client._child_watchers):
+                found = watchers.get(path)
+                if found is not None:
+                    found.discard(watch)
 
     def ensure_parent(self, parent: str) -> bool:
         """Whether ``parent`` is known to exist (else a create must make it first)."""
