@@ -37,6 +37,22 @@ class Hub:
         self.channels: dict[Channel, set[_Waiter]] = {}
         self.pending: set[Channel] = set()
         self.wakers: dict[Channel, Callable[[Any], None]] = {}
+        # Channels whose watch is set and has not fired since: their queue place cannot have
+        # moved up, so an attempt needs no round trip to know it is still busy.
+        self.armed: set[Channel] = set()
+
+    def arm(self, channel: Channel) -> None:
+        """About to set ``channel``'s watch (armed before it is sent: its firing, whenever
+        that comes, disarms it)."""
+        with self.lock:
+            self.armed.add(channel)
+
+    def disarm(self, channel: Channel) -> None:
+        with self.lock:
+            self.armed.discard(channel)
+
+    def is_armed(self, channel: Channel) -> bool:
+        return channel in self.armed
 
     def waker(self, channel: Channel) -> Callable[[Any], None]:
         """The watch function that wakes ``channel``: one object per channel, so a watch set
@@ -55,6 +71,7 @@ class Hub:
     def wake(self, channel: Channel) -> None:
         """Wake ``channel``'s subscribers, or keep the wake-up for its next subscription."""
         with self.lock:
+            self.armed.discard(channel)
             listeners = list(self.channels.get(channel, ()))
             if not listeners and channel in self.wakers:  # a forgotten channel keeps nothing
                 self.pending.add(channel)
@@ -64,6 +81,7 @@ class Hub:
     def wake_all(self) -> None:
         """Wake everyone (the session changed: every waiter re-checks its place)."""
         with self.lock:
+            self.armed.clear()
             listeners = [w for group in self.channels.values() for w in group]
         for waiter in listeners:
             waiter.wake()
@@ -73,6 +91,7 @@ class Hub:
         (returned, for the session to take it off kazoo's watcher sets)."""
         with self.lock:
             self.pending.discard(channel)
+            self.armed.discard(channel)
             return self.wakers.pop(channel, None)
 
     def join(self, waiter: _Waiter) -> None:
@@ -100,6 +119,7 @@ class Hub:
             self.channels.clear()
             self.pending.clear()
             self.wakers.clear()
+            self.armed.clear()
 
 
 class _Subscription:
@@ -149,7 +169,9 @@ class _NotifierBase:
         self._hub.join(waiter)
 
     def listening(self, key: str) -> bool:
-        return self._hub.listening((self._namespace + key, self.waiter_id))
+        """Always: a waiter's wake-up comes from the watch its own attempt sets, so a first
+        attempt may keep its queue place (its node) at once, as kazoo's recipe does."""
+        return True
 
     def unsubscribe(self, subscription: Any) -> None:
         self._hub.leave(subscription)

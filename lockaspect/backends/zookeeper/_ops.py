@@ -181,6 +181,9 @@ def _acquire(session: Session, request: AcquireRequest, waiter: str | None) -> P
     if node is not None and (node.epoch != session.epoch or node.infix != infix):
         _drop(session, node)
         node = None
+    if node is not None and waiter and session.hub.is_armed((key, waiter)):
+        # Our watch is set and has not fired: nothing ahead of us left; still busy.
+        return AcquireResult(False, holder_ttl=request.lease)
     waited = node is not None
     if node is None:
         node, children, pdata = yield from _create(session, key, infix, owner_data(session, kind, request.lease), sem)
@@ -206,16 +209,27 @@ def _acquire(session: Session, request: AcquireRequest, waiter: str | None) -> P
                 _drop(session, node)
                 return AcquireResult(False, holder_ttl=request.lease)
             wake = _waker(session, key, waiter)
+            channel = (key, waiter)
+            session.hub.arm(channel)
+            try:
+                if verdict.watch == "":
+                    answers = yield [Call("children", parent, watch=wake)] + ([Call("get", parent)] if sem else [])
+                else:
+                    answers = yield [Call("exists", f"{parent}/{verdict.watch}", watch=wake)]
+            except BaseException:
+                session.hub.disarm(channel)
+                raise
             if verdict.watch == "":
-                answers = yield [Call("children", parent, watch=wake)] + ([Call("get", parent)] if sem else [])
                 children, pdata = answers[0], (answers[1] if sem else pdata)
                 if _decide(children, node, ignore, admin_permits(pdata)) == verdict:
                     return AcquireResult(False, holder_ttl=request.lease)
+                session.hub.disarm(channel)
                 waited = True
                 continue
-            (stat,) = yield [Call("exists", f"{parent}/{verdict.watch}", watch=wake)]
+            stat = answers[0]
             if stat is not None and not isinstance(stat, Exception):
                 return AcquireResult(False, holder_ttl=request.lease)
+            session.hub.disarm(channel)
             answers = yield ([Call("children", parent), Call("get", parent)] if sem else [Call("children", parent)])
             children, pdata = answers[0], (answers[1] if sem else None)
             waited = True
