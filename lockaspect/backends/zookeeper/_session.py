@@ -242,14 +242,19 @@ class Session:
         if self._client is None or not self._live.is_set() or self._expired():
             await asyncio.to_thread(self._ready)
         batch = self.send(calls)
+        loop = asyncio.get_running_loop()
+        done = batch.when_done(loop)
+        timer = loop.call_later(self.settings.request_timeout, _time_out, done)
         try:
-            await asyncio.wait_for(batch.when_done(asyncio.get_running_loop()), self.settings.request_timeout)
+            await done
             outcomes = batch.collected()
         except BaseException as exc:
             self.abandon(batch)
             if isinstance(exc, Exception) and not isinstance(exc, asyncio.CancelledError):
                 raise batch_error(exc, key, self.settings.shown) from exc
             raise
+        finally:
+            timer.cancel()
         self.contact(batch.sent)
         return outcomes
 
@@ -546,6 +551,11 @@ class Session:
                 callback(tokens, reason)
             except Exception:  # pragma: no cover - the engine's callback does not raise
                 log.exception("reporting lost locks failed")
+
+
+def _time_out(done: asyncio.Future[None]) -> None:
+    if not done.done():
+        done.set_exception(TimeoutError("no reply in time"))
 
 
 def _stop(client: KazooClient) -> None:
