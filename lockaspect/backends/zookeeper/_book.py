@@ -9,7 +9,7 @@ __all__ = ["Book", "Node"]
 class Node:
     """One contender node of this session: a hold (``token`` set) or a queue place."""
 
-    __slots__ = ("epoch", "fence", "infix", "key", "name", "parent", "path", "token", "waiter", "watched")
+    __slots__ = ("epoch", "fence", "held_since", "infix", "key", "name", "parent", "path", "token", "waiter", "watched")
 
     def __init__(self, key: str, parent: str, name: str, infix: str, fence: int, epoch: int) -> None:
         self.key = key
@@ -22,6 +22,7 @@ class Node:
         self.token = ""
         self.waiter = ""
         self.watched = False
+        self.held_since = 0.0
 
 
 class Book:

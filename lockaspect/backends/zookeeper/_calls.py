@@ -82,15 +82,29 @@ def batch_error(exc: BaseException, key: str | None, shown: str) -> BackendError
     return BackendError(f"ZooKeeper {shown}: {exc!r}", key=key)
 
 
+class Answers(list[Any]):
+    """A batch's answers, one per call, and the session epoch it was sent in (a node it
+    created belongs to that epoch)."""
+
+    epoch: int = -1
+
+
 class Batch:
-    """One batch in flight: its calls, kazoo's async results, and when it was sent."""
+    """One batch in flight: its calls, kazoo's async results, when it was sent, and the
+    session's epoch then."""
 
-    __slots__ = ("calls", "results", "sent")
+    __slots__ = ("calls", "epoch", "results", "sent")
 
-    def __init__(self, calls: Sequence[Call], results: list[Any], sent: float) -> None:
+    def __init__(self, calls: Sequence[Call], results: list[Any], sent: float, epoch: int = -1) -> None:
         self.calls = calls
         self.results = results
         self.sent = sent
+        self.epoch = epoch
+
+    def answers(self, values: list[Any]) -> Answers:
+        out = Answers(values)
+        out.epoch = self.epoch
+        return out
 
     def outcomes(self, timeout: float) -> list[Any]:
         """Each call's answer, waiting (this thread) until ``timeout`` seconds from now.

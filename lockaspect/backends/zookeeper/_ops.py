@@ -88,7 +88,6 @@ def _create(session: Session, key: str, infix: str, data: bytes, sem: bool) -> P
     be) and list the queue, in one round trip. Returns ``(node, children, parent data)``."""
     parent = parent_of(session, key)
     for _ in range(3):
-        epoch = session.epoch
         make = not session.ensure_parent(parent)
         calls = [Call("container" if session.settings.containers else "persistent", parent)] if make else []
         calls += [
@@ -98,6 +97,7 @@ def _create(session: Session, key: str, infix: str, data: bytes, sem: bool) -> P
         if sem:
             calls.append(Call("get", parent))
         answers = yield calls
+        epoch = getattr(answers, "epoch", session.epoch)  # the session's epoch when it was sent
         answers = answers[1:] if make else answers
         if isinstance(answers[0], NoNodeError):
             session.parent_gone(parent)  # reaped as an empty container meanwhile: make it again
@@ -128,9 +128,11 @@ def _hold(session: Session, node: Node, token: str, woke_others: bool) -> Acquir
         if node.waiter and book.queued.get((node.key, node.waiter)) is node:
             del book.queued[(node.key, node.waiter)]
         waiter, node.waiter, node.token = node.waiter, "", token
+        node.held_since = time.monotonic()
         book.holds[(node.key, token)] = node
     if waiter:
         session.forget((node.key, waiter))
+    session.held()
     if woke_others:
         try:
             session.send([Call("set", node.path, b"")])  # answered later; nothing waits for it

@@ -25,7 +25,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from kazoo.client import KazooClient, KazooState
@@ -39,6 +39,7 @@ from ._calls import ANSWERS, Batch, Call, batch_error, connection_trouble, conta
 from ._layout import parse
 from ._notify import Hub
 from ._options import Settings
+from ._state import SessionState
 
 __all__ = ["Book", "Node", "Session"]  # Book and Node: from ._book
 
@@ -46,11 +47,9 @@ log = logging.getLogger("lockaspect.zookeeper")
 
 #: Known parent paths remembered (a create under a forgotten one costs one extra request).
 PARENTS_KEPT = 4096
-#: Seconds between re-reads of the held nodes after a reconnection, while they fail.
-RETRY_PAUSE = 0.2
 
 
-class Session:
+class Session(SessionState):
     """The kazoo client of a store and its twins, started on first use (no I/O before)."""
 
     def __init__(self, settings: Settings, root: str) -> None:
@@ -78,6 +77,8 @@ class Session:
         # Set while the session can take requests: kazoo fails every request at once between
         # an expired session and its new one, so a batch waits (request_timeout) for that.
         self._live = threading.Event()
+        self._watcher: threading.Thread | None = None
+        self._watcher_wake = threading.Event()
 
     # -- the client -----------------------------------------------------------------------
 
@@ -156,6 +157,7 @@ class Session:
         if client is not None and os.getpid() == self._pid:
             _stop(client)
         self._live.set()  # nobody waits for a closed session
+        self._watcher_wake.set()
         self.hub.wake_all()
 
     def reset_after_fork(self) -> None:
@@ -164,6 +166,7 @@ class Session:
         self.lock = threading.Lock()
         self._client = None
         self._timer = None
+        self._watcher = None
         self._live = threading.Event()
         self.book = Book()
         self.hub = Hub()
@@ -181,6 +184,8 @@ class Session:
         connection = getattr(getattr(client, "_connection", None), "_connection_routine", None)
         if connection is not None:
             found.append(connection)
+        if self._watcher is not None:
+            found.append(self._watcher)
         return [thread for thread in found if isinstance(thread, threading.Thread) and thread.is_alive()]
 
     # -- round trips ------------------------------------------------------------------------
@@ -188,6 +193,7 @@ class Session:
     def send(self, calls: Sequence[Call]) -> Batch:
         """Send ``calls`` (pipelined), returning the batch in flight."""
         client = self.client()
+        epoch = self.epoch
         sent = time.monotonic()
         results: list[Any] = []
         try:
@@ -196,7 +202,7 @@ class Session:
         except BaseException:
             self.abandon(Batch(calls, results, sent))
             raise
-        return Batch(calls, results, sent)
+        return Batch(calls, results, sent, epoch)
 
     def _submit(self, client: KazooClient, call: Call) -> Any:
         op, path = call.op, self.settings.chroot + call.path
@@ -228,7 +234,7 @@ class Session:
             self._ready()
         batch = self.send(calls)
         try:
-            outcomes = batch.outcomes(self.settings.request_timeout)
+            outcomes = batch.answers(batch.outcomes(self.settings.request_timeout))
         except BaseException as exc:
             self.abandon(batch)
             if isinstance(exc, Exception):
@@ -247,7 +253,7 @@ class Session:
         timer = loop.call_later(self.settings.request_timeout, _time_out, done)
         try:
             await done
-            outcomes = batch.collected()
+            outcomes = batch.answers(batch.collected())
         except BaseException as exc:
             self.abandon(batch)
             if isinstance(exc, Exception) and not isinstance(exc, asyncio.CancelledError):
@@ -358,199 +364,6 @@ class Session:
 
     def parent_gone(self, parent: str) -> None:
         self._parents.pop(parent, None)
-
-    # -- the session's state ------------------------------------------------------------------
-
-    def usable(self, node: Node) -> bool:
-        """Whether ``node`` is a hold of the live session that can be trusted now."""
-        return node.epoch == self.epoch and self.connected and self.verified
-
-    def _on_state(self, state: str) -> None:
-        """kazoo's listener, on its connection thread: never blocks."""
-        if self._closing:
-            return
-        if state == KazooState.SUSPENDED:
-            self._suspended()
-        elif state == KazooState.LOST:
-            self._live.clear()
-            self.declare_lost("session-lost", alive=False)
-        else:
-            self._reconnected()
-
-    def _suspended(self) -> None:
-        now = time.monotonic()
-        with self.lock:
-            self.connected = False
-            self._suspension += 1
-            serial = self._suspension
-            timeout = self.timeout
-            end = max(self.last_contact, now - 2.0 * timeout / 3.0) + timeout - min(0.5, timeout / 10.0)
-            timer = threading.Timer(max(0.0, end - now), self._suspension_over, (serial,))
-            timer.daemon = True
-            timer.name = "lockaspect-zookeeper-suspended"
-            old, self._timer = self._timer, timer
-            held = len(self.book.holds)
-        if old is not None:
-            old.cancel()
-        log.log(
-            logging.WARNING if held else logging.INFO,
-            "ZooKeeper %s: connection suspended; %d lock(s) held are lost in %.2fs unless it returns",
-            self.settings.shown, held, end - now,
-        )  # fmt: skip
-        timer.start()
-
-    def _suspension_over(self, serial: int) -> None:
-        with self.lock:
-            if self.connected or serial != self._suspension or self._closing:
-                return
-        self.declare_lost("expired", alive=True)
-
-    def _reconnected(self) -> None:
-        client = self._client
-        new_id = client.client_id[0] if client is not None and client.client_id else None
-        with self.lock:
-            timer, self._timer = self._timer, None
-            same = new_id == self.session_id or self.session_id is None  # None: the first connection
-            self.session_id = new_id
-            self._suspension += 1
-            serial = self._suspension
-            self.connected = True
-            self._live.set()
-            verify = same and bool(self.book.holds)
-            for node in self.book.holds.values():
-                node.watched = False  # its watch died with the connection
-            if verify:
-                self.verified = False
-        if timer is not None:
-            timer.cancel()
-        if not same:
-            self.declare_lost("session-lost", alive=False)
-        if client is not None:
-            client.handler.spawn(self._after_reconnect, verify, serial)
-        self.hub.wake_all()
-
-    def _after_reconnect(self, verify: bool, serial: int) -> None:
-        """On a worker thread: finish deletes the outage held up, find doubtful creates, and
-        re-read the held nodes before trusting them."""
-        with self.lock:
-            redelete, self._redelete = self._redelete, set()
-            doubts, self._doubts = self._doubts, set()
-            held = [node for node in self.book.holds.values() if node.epoch == self.epoch]
-            epoch = self.epoch
-        for path in redelete:
-            self.delete_later(path)
-        for parent, uuid in doubts:
-            try:
-                (children,) = self.run([Call("children", parent)])
-            except BackendError:
-                with self.lock:
-                    self._doubts.add((parent, uuid))
-                continue
-            if not isinstance(children, Exception):
-                for name in children:
-                    if f"_c_{uuid}-" in name:
-                        self.delete_later(f"{parent}/{name}")
-        if not verify:
-            return
-        while True:
-            try:
-                # kazoo does not set watches again after a reconnection: each held node's is
-                # set again here, with the re-read.
-                calls = [Call("exists", node.path, watch=self.held_watch(node)) for node in held]
-                found = self.run(calls) if held else []
-                break
-            except BackendError:
-                with self.lock:
-                    if self._closing or self.epoch != epoch or serial != self._suspension:
-                        return  # lost meanwhile, or a later reconnection re-reads
-                time.sleep(RETRY_PAUSE)
-        for node in held:
-            node.watched = True
-        gone = [node for node, stat in zip(held, found, strict=True) if stat is None or isinstance(stat, Exception)]
-        with self.lock:
-            if self.epoch == epoch:
-                self.verified = True
-        self.lose_nodes(gone, "not-owner")
-
-    def declare_lost(self, reason: str, *, alive: bool) -> None:
-        """Every hold and queue place of the session is lost (``alive``: the session may
-        still live, so its nodes are deleted once it is reachable)."""
-        with self.lock:
-            nodes = self.book.nodes()
-            tokens = [node.token for node in self.book.holds.values()]
-            self.book.clear()
-            self.epoch += 1
-            self.verified = True
-            if alive:
-                self._redelete.update(node.path for node in nodes)
-            else:
-                self._redelete.clear()
-                self._doubts.clear()
-        if tokens:
-            log.warning(
-                "ZooKeeper %s: %d lock(s) lost (%s)", self.settings.shown, len(tokens),
-                "the session's lease estimate ran out" if reason == "expired" else "the session expired",
-            )  # fmt: skip
-        self.hub.wake_all()
-        self._report(tokens, reason)
-
-    def lose_nodes(self, nodes: Collection[Node], reason: str) -> None:
-        """These held nodes are gone (deleted by someone else): their holds are lost."""
-        tokens = []
-        with self.lock:
-            for node in nodes:
-                if self.book.holds.get((node.key, node.token)) is node:
-                    del self.book.holds[(node.key, node.token)]
-                    self.book.paths.pop(node.path, None)
-                    tokens.append(node.token)
-        if tokens:
-            log.warning("ZooKeeper %s: %d lock(s) lost (%s)", self.settings.shown, len(tokens), reason)
-            self._report(tokens, reason)
-
-    def watch_held(self, nodes: Sequence[Node]) -> None:
-        """Watch held nodes (at their first renewal: a short hold costs no request for it):
-        a node deleted by anyone but us loses its hold at once, and one already gone now."""
-        try:
-            batch = self.send([Call("exists", node.path, watch=self.held_watch(node)) for node in nodes])
-        except BackendError:
-            for node in nodes:
-                node.watched = False
-            return
-        for node, result in zip(nodes, batch.results, strict=True):
-            result.rawlink(lambda r, n=node: self._watched(n, r))
-
-    def _watched(self, node: Node, result: Any) -> None:
-        try:
-            stat = result.get_nowait()
-        except Exception:  # noqa: BLE001 - a failed watch is set again at the next renewal
-            node.watched = False
-            return
-        if stat is None:
-            self.lose_nodes([node], "not-owner")
-
-    def held_watch(self, node: Node) -> Callable[[Any], None]:
-        """The watch set on a held node: its deletion by anyone but us loses the hold."""
-
-        def fired(event: Any) -> None:
-            if event.type == "NONE":  # kazoo dropped the watch with the connection
-                node.watched = False
-            elif event.type == "DELETED":
-                self.lose_nodes([node], "not-owner")
-            elif event.type == "CHANGED" and node.token and self._client is not None:
-                try:
-                    self.send([Call("exists", node.path, watch=fired)])  # re-arm
-                except BackendError:
-                    pass
-
-        return fired
-
-    def _report(self, tokens: Sequence[str], reason: str) -> None:
-        callback = self.on_loss
-        if callback is not None and tokens:
-            try:
-                callback(tokens, reason)
-            except Exception:  # pragma: no cover - the engine's callback does not raise
-                log.exception("reporting lost locks failed")
 
 
 def _time_out(done: asyncio.Future[None]) -> None:

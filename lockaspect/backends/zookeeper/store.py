@@ -68,7 +68,6 @@ class _Base:
         session = self._session
         namespace = self.namespace
         out: list[RenewStatus] = []
-        unwatched = []
         with session.lock:
             holds, epoch, trusted = session.book.holds, session.epoch, session.connected and session.verified
             for item in leases:
@@ -77,11 +76,6 @@ class _Base:
                     out.append(False)
                     continue
                 out.append(True if trusted else None)
-                if trusted and not node.watched:
-                    node.watched = True
-                    unwatched.append(node)
-        if unwatched:
-            session.watch_held(unwatched)
         return out
 
     def _reenter(self, key: str, token: str) -> bool:
