@@ -104,6 +104,23 @@ def four_letter(port: int, command: str, timeout: float = 1.0) -> str:
     return b"".join(chunks).decode(errors="replace")
 
 
+def _all_stopped(pid: int) -> bool:
+    """Whether every thread of ``pid`` is stopped (``T``), or ``/proc`` cannot tell."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return True
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/stat", encoding="ascii", errors="replace") as stat:
+                state = stat.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state not in ("T", "t", "Z", "X"):
+            return False
+    return True
+
+
 class ZooKeeperServer:
     """A real standalone ZooKeeper server for tests, on ``127.0.0.1`` only.
 
@@ -303,8 +320,14 @@ class ZooKeeperServer:
             raise RuntimeError(f"port {self.port} is taken; cannot restart ZooKeeper:\n{self._log_tail()}")
 
     def pause(self) -> None:
-        """SIGSTOP the server: connections stay open but nothing answers (clients go SUSPENDED)."""
-        os.kill(self.pid, signal.SIGSTOP)
+        """SIGSTOP the server: connections stay open but nothing answers (clients go SUSPENDED).
+        Returns once every thread of the JVM is stopped (where ``/proc`` shows it), so nothing
+        sent afterwards is answered until :meth:`resume`."""
+        pid = self.pid
+        os.kill(pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline and not _all_stopped(pid):
+            time.sleep(0.001)
 
     def resume(self) -> None:
         """SIGCONT what :meth:`pause` stopped."""
