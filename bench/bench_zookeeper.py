@@ -433,16 +433,20 @@ def bench_cycles(env: Env, args: argparse.Namespace, results: dict[str, Any]) ->
             out("  !!! the kazoo clients are not set up alike: compare with care")
 
         counters: dict[str, list[float]] = {v.name: [] for v in variants}
+        main_us: dict[str, list[float]] = {v.name: [] for v in variants}
         for round_no in range(args.repeats):
             shift = round_no % len(variants)
             for variant in variants[shift:] + variants[:shift]:
                 gc.collect()
                 server0, received0 = server_counters(env)
                 cpu0 = time.process_time()
+                main0 = time.thread_time()
                 t0 = time.perf_counter()
                 variant.run(args.cycles)
                 wall = time.perf_counter() - t0
+                main = time.thread_time() - main0
                 cpu = time.process_time() - cpu0
+                main_us[variant.name].append(main / args.cycles * 1e6)
                 server1, received1 = server_counters(env)
                 variant.ops.append(args.cycles / wall)
                 variant.cpu_us.append(cpu / args.cycles * 1e6)
@@ -487,6 +491,8 @@ def bench_cycles(env: Env, args: argparse.Namespace, results: dict[str, Any]) ->
             "ops_runs": [round(x, 1) for x in v.ops],
             "us_per_cycle": 1e6 / ops,
             "cpu_us_per_cycle": median(v.cpu_us),
+            "main_thread_cpu_us_per_cycle": median(main_us[v.name]),
+            "other_threads_cpu_us_per_cycle": median([a - b for a, b in zip(v.cpu_us, main_us[v.name], strict=True)]),
             "server_cpu_us_per_cycle": median(v.server_us) if v.server_us else None,
             "requests_per_cycle": median(counters[v.name]) if counters[v.name] else None,
             "spread": spread(v.ops),
@@ -502,6 +508,8 @@ def bench_cycles(env: Env, args: argparse.Namespace, results: dict[str, Any]) ->
                 f"{entry['spread'] * 100:.0f}%",
                 entry["us_per_cycle"],
                 entry["cpu_us_per_cycle"],
+                entry["main_thread_cpu_us_per_cycle"],
+                entry["other_threads_cpu_us_per_cycle"],
                 entry["server_cpu_us_per_cycle"],
                 None if entry["requests_per_cycle"] is None else f"{entry['requests_per_cycle']:.2f}",
                 f"{entry['x_floor']:.2f}x" + (" (async)" if v.name in ASYNC_ROWS else ""),
@@ -518,6 +526,8 @@ def bench_cycles(env: Env, args: argparse.Namespace, results: dict[str, Any]) ->
                 "spread",
                 "us/cycle",
                 "client CPU us",
+                "caller thr",
+                "kazoo thr",
                 "ZK CPU us",
                 "ZK requests",
                 "x raw floor",
@@ -530,13 +540,20 @@ def bench_cycles(env: Env, args: argparse.Namespace, results: dict[str, Any]) ->
     out("  cycles/s: median of the runs; spread: (max-min)/median; x ...: median of the per-round ratios to")
     out("  that round's run of the raw floor (a) (async rows: the asyncio floor), the lock floor (b) and kazoo's")
     out("  Lock (same object); above 1.0 is faster. client CPU: this process's CPU (all threads, kazoo's")
-    out("  included) per cycle, the column that stays stable on a noisy machine; ZK CPU: the ZooKeeper JVM's")
-    out("  CPU per cycle (psutil); ZK requests: packets the server received per cycle (srvr 'Received').")
+    out("  included) per cycle, the column that stays stable on a noisy machine, split into the calling")
+    out("  thread's (caller thr: the library's Python and kazoo's request calls; for async rows the event loop)")
+    out("  and the rest (kazoo thr: mostly kazoo's connection thread, which packs, sends, reads and unpacks")
+    out("  every packet, and its callback threads); ZK CPU: the ZooKeeper JVM's CPU per cycle (psutil); ZK")
+    out("  requests: packets the server received per cycle (srvr 'Received').")
     for name, check in checks.items():
         if check != "ok":
             out(f"  check {name}: {check}")
     for name, message in errors.items():
         out(f"  SKIPPED {name}: {message}")
+    engine = engine_alone(args)
+    if engine:
+        shown = ", ".join(f"{LOCKASPECT_ROWS[k].removeprefix('lockaspect ')} {v:.0f} us" for k, v in engine.items())
+        out(f"  lockaspect's own CPU per cycle on memory:// (no I/O; median of 3 runs): {shown}")
     if profile is not None:
         for what, text in profile.items():
             out()
@@ -545,9 +562,37 @@ def bench_cycles(env: Env, args: argparse.Namespace, results: dict[str, Any]) ->
     results["cycles"] = {
         "params": {"cycles": args.cycles, "warmup": args.warmup, "repeats": args.repeats, "lease_s": LEASE},
         "rows": data,
+        "engine_cpu_us_per_cycle": engine,
         "errors": errors,
         "checks": checks,
     }
+
+
+def engine_alone(args: argparse.Namespace) -> dict[str, float]:
+    """lockaspect's own CPU per cycle with no I/O: the lockaspect rows on a ``memory://``
+    store (what the engine, the options and the decorator cost, around any store)."""
+    try:
+        loop = asyncio.new_event_loop()
+        variants = lockaspect_variants("memory://", loop)
+    except Exception as exc:
+        out(f"  (the memory:// engine measurement is not available: {type(exc).__name__}: {exc})")
+        return {}
+    timings: dict[str, list[float]] = {v.name: [] for v in variants}
+    try:
+        for v in variants:
+            v.run(args.warmup)
+        for _ in range(3):
+            for v in variants:
+                gc.collect()
+                cpu0 = time.process_time()
+                v.run(args.cycles)
+                timings[v.name].append((time.process_time() - cpu0) / args.cycles * 1e6)
+    finally:
+        for v in variants:
+            with contextlib.suppress(Exception):
+                v.close()
+        loop.close()
+    return {name: median(values) for name, values in timings.items()}
 
 
 def profile_rows(client: Any, kazoo_row: Variant | None, args: argparse.Namespace) -> dict[str, str]:
@@ -634,7 +679,7 @@ def child_run(spec: dict[str, Any]) -> dict[str, Any]:
     key, think, pause = spec["key"], spec["think"], spec["pause"]
     fd = os.open(spec["counter"], os.O_RDWR)
     records: list[tuple[float, float, float, float]] = []
-    cpu = 0.0
+    cpu = main = 0.0
     try:
         for _ in range(spec["warm_cycles"]):  # connect, make the parent; a private key
             with enter(spec["warm_key"]):
@@ -643,6 +688,7 @@ def child_run(spec: dict[str, Any]) -> dict[str, Any]:
         time.sleep(max(0.0, start - time.time()))
         now = time.time
         cpu0 = time.process_time()
+        main0 = time.thread_time()
         while True:
             ask = now()
             if ask >= stop:
@@ -656,11 +702,12 @@ def child_run(spec: dict[str, Any]) -> dict[str, Any]:
             records.append((ask, acquired, released, now()))
             if pause:
                 time.sleep(pause)
+        main = time.thread_time() - main0
         cpu = time.process_time() - cpu0
     finally:
         os.close(fd)
         finish()
-    return {"records": {"0": records}, "cpu_s": cpu, "stats": stats}
+    return {"records": {"0": records}, "cpu_s": cpu, "main_cpu_s": main, "stats": stats}
 
 
 def run_contention(env: Env, impl: str, procs: int, args: argparse.Namespace, tag: str) -> dict[str, Any]:
@@ -721,7 +768,7 @@ def run_contention(env: Env, impl: str, procs: int, args: argparse.Namespace, ta
                 raise BenchError("a worker did not finish within 60 s of the stop time") from exc
         server1, received1 = server_counters(env)
         per_proc = []
-        client_cpu = 0.0
+        client_cpu = main_cpu = 0.0
         stats = {"acquired": 0, "released": 0, "lost": 0, "held": 0}
         for i, child in enumerate(children):
             path = scratch / f"{i}.json"
@@ -733,6 +780,7 @@ def run_contention(env: Env, impl: str, procs: int, args: argparse.Namespace, ta
                 raise BenchError(f"worker {i} failed: {data['error']}\n{data.get('traceback', '')}")
             per_proc.append(data["records"])
             client_cpu += data["cpu_s"]
+            main_cpu += data["main_cpu_s"]
             for k in stats:
                 stats[k] += (data["stats"] or {}).get(k, 0)
         observed = int(counter.read_bytes())
@@ -742,6 +790,7 @@ def run_contention(env: Env, impl: str, procs: int, args: argparse.Namespace, ta
         total = result["sections_total"]
         if total:
             result["client_cpu_us_per_section"] = client_cpu / total * 1e6
+            result["main_thread_cpu_us_per_section"] = main_cpu / total * 1e6
             # Over the whole run (warm-up, tail and the workers' session closes included).
             if server0 is not None and server1 is not None:
                 result["server_cpu_us_per_section"] = (server1 - server0) / total * 1e6
@@ -774,12 +823,15 @@ def run_contention(env: Env, impl: str, procs: int, args: argparse.Namespace, ta
 
 def cost_row(label: str, res: dict[str, Any]) -> list[Any]:
     if "error" in res:
-        return [label, res["procs"], *([None] * 6)]
+        return [label, res["procs"], *([None] * 8)]
     requests = res.get("requests_per_section")
+    client, main = res.get("client_cpu_us_per_section"), res.get("main_thread_cpu_us_per_section")
     return [
         label,
         res["procs"],
-        res.get("client_cpu_us_per_section"),
+        client,
+        main,
+        None if client is None or main is None else client - main,
         res.get("server_cpu_us_per_section"),
         None if requests is None else f"{requests:.2f}",
         res["hold_p50_ms"],
@@ -835,6 +887,8 @@ def bench_contention(env: Env, args: argparse.Namespace, results: dict[str, Any]
                 "lock (cost per section)",
                 "P",
                 "client CPU us",
+                "caller thr",
+                "kazoo thr",
                 "ZK CPU us",
                 "ZK requests",
                 "hold p50 ms",
@@ -844,7 +898,9 @@ def bench_contention(env: Env, args: argparse.Namespace, results: dict[str, Any]
             cost,
         )
     )
-    out("  client CPU: all workers' process CPU per section (measured loop only); ZK CPU and ZK requests:")
+    out("  client CPU: all workers' process CPU per section (measured loop only), split into the calling")
+    out("  threads' (caller thr) and the rest (kazoo thr: kazoo's connection and callback threads, lockaspect's")
+    out("  timer); ZK CPU and ZK requests:")
     out("  the ZooKeeper JVM's CPU and the packets it received over the whole run (warm-up, tail and session")
     out("  closes included) per section; hold: acquired to leaving the section (the 1 ms think + the file);")
     out("  release call: from leaving the section until the release returned.")
