@@ -900,10 +900,9 @@ def bench_contention(env: Env, args: argparse.Namespace, results: dict[str, Any]
     )
     out("  client CPU: all workers' process CPU per section (measured loop only), split into the calling")
     out("  threads' (caller thr) and the rest (kazoo thr: kazoo's connection and callback threads, lockaspect's")
-    out("  timer); ZK CPU and ZK requests:")
-    out("  the ZooKeeper JVM's CPU and the packets it received over the whole run (warm-up, tail and session")
-    out("  closes included) per section; hold: acquired to leaving the section (the 1 ms think + the file);")
-    out("  release call: from leaving the section until the release returned.")
+    out("  timer); ZK CPU and ZK requests: the ZooKeeper JVM's CPU and the packets it received over the whole")
+    out("  run (warm-up, tail and session closes included) per section; hold: acquired to leaving the section")
+    out("  (the 1 ms think + the file); release call: from leaving the section until the release returned.")
     for name, by_p in raw.items():
         for p, res in by_p.items():
             if "counter_ok" in res and (not res["counter_ok"] or res["overlaps"]):
@@ -1085,8 +1084,10 @@ def main(argv: list[str] | None = None) -> int:
         results["targets"] = [dict(zip(["target", "measured", "status", "note"], row, strict=True)) for row in rows]
         met = sum(1 for r in rows if r[2] == "MET")
         missed = sum(1 for r in rows if r[2] == "MISSED")
-        out(f"{met} met, {missed} missed, {len(rows) - met - missed} not run (a report: the exit status is 0")
-        out("unless mutual exclusion broke)")
+        out(
+            f"{met} met, {missed} missed, {len(rows) - met - missed} not run "
+            "(a report: the exit status is 0 unless mutual exclusion broke)"
+        )
         results["machine"]["loadavg_end"] = _util.loadavg()
         out(f"\nload average at the end: {results['machine']['loadavg_end']}")
         if args.json:
