@@ -168,6 +168,32 @@ def server_counters(env: Env) -> tuple[float | None, float | None]:
     return cpu, received
 
 
+def machine_busy() -> float | None:
+    """CPU seconds the whole machine has been busy (every core, every process), or ``None``."""
+    try:
+        import psutil
+
+        t = psutil.cpu_times()
+    except Exception:
+        return None
+    # guest time is counted in user time already; iowait is idle.
+    idle = t.idle + getattr(t, "iowait", 0.0) + getattr(t, "guest", 0.0) + getattr(t, "guest_nice", 0.0)
+    return float(sum(t)) - idle
+
+
+def jvm_cpu(env: Env) -> float | None:
+    """The started ZooKeeper JVM's CPU seconds so far, or ``None``."""
+    if env.server is None or env.server.process is None:
+        return None
+    try:
+        import psutil
+
+        times = psutil.Process(env.server.pid).cpu_times()
+        return float(times.user + times.system)
+    except Exception:
+        return None
+
+
 def server_facts(env: Env) -> dict[str, Any]:
     reply = four_letter(env.hosts, "srvr")
     first = reply.splitlines()[0] if reply else "?"
@@ -434,11 +460,14 @@ def bench_cycles(env: Env, args: argparse.Namespace, results: dict[str, Any]) ->
 
         counters: dict[str, list[float]] = {v.name: [] for v in variants}
         main_us: dict[str, list[float]] = {v.name: [] for v in variants}
+        others: list[float] = []  # other processes' CPU during each run, in cores
         for round_no in range(args.repeats):
+            round_others = len(others)
             shift = round_no % len(variants)
             for variant in variants[shift:] + variants[:shift]:
                 gc.collect()
                 server0, received0 = server_counters(env)
+                busy0 = machine_busy()
                 cpu0 = time.process_time()
                 main0 = time.thread_time()
                 t0 = time.perf_counter()
@@ -446,15 +475,20 @@ def bench_cycles(env: Env, args: argparse.Namespace, results: dict[str, Any]) ->
                 wall = time.perf_counter() - t0
                 main = time.thread_time() - main0
                 cpu = time.process_time() - cpu0
+                busy1 = machine_busy()
                 main_us[variant.name].append(main / args.cycles * 1e6)
                 server1, received1 = server_counters(env)
+                if busy0 is not None and busy1 is not None and server0 is not None and server1 is not None:
+                    others.append((busy1 - busy0 - cpu - (server1 - server0)) / wall)
                 variant.ops.append(args.cycles / wall)
                 variant.cpu_us.append(cpu / args.cycles * 1e6)
                 if server0 is not None and server1 is not None:
                     variant.server_us.append((server1 - server0) / args.cycles * 1e6)
                 if received0 is not None and received1 is not None:
                     counters[variant.name].append((received1 - received0) / args.cycles)
-            out(f"  round {round_no + 1}/{args.repeats} done (load {_util.loadavg()})")
+            busy = others[round_others:]
+            seen = f", other processes' CPU {max(0.0, median(busy)):.2f} cores" if busy else ""
+            out(f"  round {round_no + 1}/{args.repeats} done (load {_util.loadavg()}{seen})")
 
         profile = None
         if args.profile and la_client is not None:
@@ -544,7 +578,8 @@ def bench_cycles(env: Env, args: argparse.Namespace, results: dict[str, Any]) ->
     out("  thread's (caller thr: the library's Python and kazoo's request calls; for async rows the event loop)")
     out("  and the rest (kazoo thr: mostly kazoo's connection thread, which packs, sends, reads and unpacks")
     out("  every packet, and its callback threads); ZK CPU: the ZooKeeper JVM's CPU per cycle (psutil); ZK")
-    out("  requests: packets the server received per cycle (srvr 'Received').")
+    out("  requests: packets the server received per cycle (srvr 'Received'). other processes' CPU (in the")
+    out("  round lines): the machine's busy CPU during each run less this process's and the JVM's (median).")
     for name, check in checks.items():
         if check != "ok":
             out(f"  check {name}: {check}")
@@ -563,6 +598,7 @@ def bench_cycles(env: Env, args: argparse.Namespace, results: dict[str, Any]) ->
         "params": {"cycles": args.cycles, "warmup": args.warmup, "repeats": args.repeats, "lease_s": LEASE},
         "rows": data,
         "engine_cpu_us_per_cycle": engine,
+        "other_processes_cpu_cores": [round(x, 3) for x in others],
         "errors": errors,
         "checks": checks,
     }
@@ -761,6 +797,10 @@ def run_contention(env: Env, impl: str, procs: int, args: argparse.Namespace, ta
             assert child.stdin is not None
             child.stdin.write(f"{start!r} {stop!r}\n")
             child.stdin.flush()
+        time.sleep(max(0.0, start - time.time()))
+        busy0, jvm0 = machine_busy(), jvm_cpu(env)
+        time.sleep(max(0.0, stop - time.time()))
+        busy1, jvm1 = machine_busy(), jvm_cpu(env)
         for child in children:
             try:
                 child.wait(timeout=max(1.0, stop - time.time()) + 60)
@@ -787,6 +827,10 @@ def run_contention(env: Env, impl: str, procs: int, args: argparse.Namespace, ta
         result.update(analyse(per_proc, start, args.settle, stop, observed))
         result["expected"] = result["sections_total"]
         result.update(longest_wait(per_proc, start + args.settle, stop))
+        if busy0 is not None and busy1 is not None and jvm0 is not None and jvm1 is not None:
+            # The machine's busy CPU in [start, stop] less the workers' (their measured loops) and the JVM's.
+            others = busy1 - busy0 - client_cpu - (jvm1 - jvm0)
+            result["other_processes_cpu_cores"] = max(0.0, others / (stop - start))
         total = result["sections_total"]
         if total:
             result["client_cpu_us_per_section"] = client_cpu / total * 1e6
@@ -823,7 +867,7 @@ def run_contention(env: Env, impl: str, procs: int, args: argparse.Namespace, ta
 
 def cost_row(label: str, res: dict[str, Any]) -> list[Any]:
     if "error" in res:
-        return [label, res["procs"], *([None] * 8)]
+        return [label, res["procs"], *([None] * 9)]
     requests = res.get("requests_per_section")
     client, main = res.get("client_cpu_us_per_section"), res.get("main_thread_cpu_us_per_section")
     return [
@@ -837,6 +881,7 @@ def cost_row(label: str, res: dict[str, Any]) -> list[Any]:
         res["hold_p50_ms"],
         res["handoff_mean_ms"],
         res["release_call_p50_ms"],
+        res.get("other_processes_cpu_cores"),
     ]
 
 
@@ -867,7 +912,9 @@ def bench_contention(env: Env, args: argparse.Namespace, results: dict[str, Any]
                     f"{res['sections_per_s']:,.0f} sections/s, waiter p99 {res['waiter_p99_ms']:.1f} ms, "
                     f"Jain {res['jain']:.3f}, counter {exact}"
                 )
-            out(f"  {CONTENTION_ROWS[name]} P={procs}: {summary} (load {_util.loadavg()})")
+            busy = res.get("other_processes_cpu_cores")
+            seen = "" if busy is None else f", other processes' CPU {busy:.2f} cores"
+            out(f"  {CONTENTION_ROWS[name]} P={procs}: {summary} (load {_util.loadavg()}{seen})")
     rows = [contention_row(CONTENTION_ROWS[name], raw[name][str(p)]) for p in args.procs for name in configs]
     out()
     out(table(["lock", *CONTENTION_HEADERS[1:]], rows))
@@ -894,6 +941,7 @@ def bench_contention(env: Env, args: argparse.Namespace, results: dict[str, Any]
                 "hold p50 ms",
                 "handoff mean ms",
                 "release call p50 ms",
+                "others' CPU cores",
             ],
             cost,
         )
@@ -902,7 +950,9 @@ def bench_contention(env: Env, args: argparse.Namespace, results: dict[str, Any]
     out("  threads' (caller thr) and the rest (kazoo thr: kazoo's connection and callback threads, lockaspect's")
     out("  timer); ZK CPU and ZK requests: the ZooKeeper JVM's CPU and the packets it received over the whole")
     out("  run (warm-up, tail and session closes included) per section; hold: acquired to leaving the section")
-    out("  (the 1 ms think + the file); release call: from leaving the section until the release returned.")
+    out("  (the 1 ms think + the file); release call: from leaving the section until the release returned;")
+    out("  others' CPU: the machine's busy CPU during the run less the workers' measured loops and the JVM's,")
+    out("  in cores: other processes' work (and the workers' few cycles outside their loops).")
     for name, by_p in raw.items():
         for p, res in by_p.items():
             if "counter_ok" in res and (not res["counter_ok"] or res["overlaps"]):
