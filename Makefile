@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint typecheck unit bench bench-async bench-sql clean
+.PHONY: demo test lint typecheck unit bench bench-async bench-sql bench-zk clean
 
 $(BIN)/python:
 	@$(PYTHON) .ci/bootstrap_venv.py $(VENV)
@@ -53,6 +53,10 @@ bench-async: $(VENV)/.installed-test
 ## bench-sql: the SQL stores against their raw floors, uncontended and contended (about 3-5 minutes)
 bench-sql: $(VENV)/.installed-test
 	$(BIN)/python bench/bench_sql.py
+
+## bench-zk: the ZooKeeper store against kazoo's Lock and the raw kazoo floors (about 3-4 minutes)
+bench-zk: $(VENV)/.installed-test
+	$(BIN)/python bench/bench_zookeeper.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
