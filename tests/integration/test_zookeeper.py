@@ -14,6 +14,7 @@ tell).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import subprocess
@@ -27,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from lockaspect import BackendError, ConfigurationError, LockClient, LockLost, LockNotAcquired
+from lockaspect import ConfigurationError, LockClient, LockLost, LockNotAcquired
 from lockaspect.backends import open_store
 from lockaspect.backends.base import AcquireRequest, ReleaseResult
 from lockaspect.backends.zookeeper import ZooKeeperStore, open_zookeeper_store
@@ -113,7 +114,8 @@ def session_id(client: LockClient) -> int:
     store = client.backend
     assert isinstance(store, ZooKeeperStore)
     kazoo = store._session._client
-    assert kazoo is not None and kazoo.client_id is not None
+    assert kazoo is not None
+    assert kazoo.client_id is not None
     return int(kazoo.client_id[0])
 
 
@@ -218,7 +220,7 @@ def test_a_good_url_connects_only_on_first_use(zk: ZooKeeperServer, raw: Any) ->
         assert raw.exists(chroot) is None
         with client.lock("k") as lease:
             assert sessions(zk) == before + 1
-            assert f"to=7000" in zk.four_letter("cons")
+            assert "to=7000" in zk.four_letter("cons")
             (name,) = raw.get_children(f"{chroot}/ns/ns:k")
             data, stat = raw.get(f"{chroot}/ns/ns:k/{name}")
             assert data == b""  # owner_info=false
@@ -268,7 +270,8 @@ def test_a_hold_is_one_ephemeral_sequential_node_with_owner_data(
     client = make()
     with client.lock("order:1", lease=12.5) as lease:
         (name,) = contenders(raw, namespace, "order:1")
-        assert name.startswith("_c_") and "-lock-" in name
+        assert name.startswith("_c_")
+        assert "-lock-" in name
         data, stat = raw.get(f"{parent_of(namespace, 'order:1')}/{name}")
         owner = json.loads(data)
         assert owner["pid"] == os.getpid()
@@ -424,7 +427,7 @@ def test_processes_keep_an_exact_counter_in_a_znode(
     assert int(raw.get(path)[0]) == writers * rounds
     assert sorted(value for value, _ in seen) == list(range(writers * rounds))
     tokens = [token for _, token in sorted(seen)]
-    assert all(a < b for a, b in zip(tokens, tokens[1:], strict=False)), tokens
+    assert all(a < b for a, b in itertools.pairwise(tokens)), tokens
     until(lambda: contenders(raw, namespace, "counter") == [], "the last contender to go")
 
 
@@ -451,15 +454,22 @@ def test_force_release_by_another_client_loses_the_hold_at_once(
 
     thread = threading.Thread(target=wait_for_it, daemon=True)
     thread.start()
-    with pytest.raises(LockLost) as info:
+
+    def hold() -> None:
         with holder.lock("k", on_lost=lambda lease: (reasons.append(lease.lost_reason), told.set())) as lease:
             queued.set()
             until(lambda: len(contenders(raw, namespace, "k")) == 2, "the waiter to queue")
             assert operator.backend.force_release("k") is True
             assert told.wait(BOUND)
-            assert lease.lost and lease.lost_reason == "not-owner"
+            assert lease.lost
+            assert lease.lost_reason == "not-owner"
             thread.join(BOUND)
-            assert taken and taken[0] > lease.fencing_token
+            assert taken
+            assert taken[0] > lease.fencing_token
+
+    with pytest.raises(LockLost) as info:
+        hold()
+    assert info.value.exception is None, info.value.exception
     assert info.value.reason == "not-owner"
     assert reasons == ["not-owner"]
     assert operator.backend.force_release("k") is False  # nothing held any more
@@ -468,11 +478,19 @@ def test_force_release_by_another_client_loses_the_hold_at_once(
 
 def test_force_release_of_a_fixed_lease(make: Callable[..., LockClient], raw: Any, namespace: str) -> None:
     holder, operator = make(), make()
-    with pytest.raises(LockLost, match="not-owner"), holder.lock("fixed", lease=30) as lease:
-        assert operator.backend.force_release("fixed")
-        until(lambda: lease.lost, "the fixed lease to be lost")
+    leases = []
+
+    def hold() -> None:
+        with holder.lock("fixed", lease=30) as lease:
+            leases.append(lease)
+            assert operator.backend.force_release("fixed")
+            until(lambda: lease.lost, "the fixed lease to be lost")
+
+    with pytest.raises(LockLost, match="not-owner") as info:
+        hold()
+    assert info.value.exception is None, info.value.exception
     with operator.lock("fixed") as again:
-        assert again.fencing_token > lease.fencing_token
+        assert again.fencing_token > leases[0].fencing_token
 
 
 # -- 10. cancelled and timed-out waiters leave nothing ------------------------------------------
