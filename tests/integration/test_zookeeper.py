@@ -17,6 +17,7 @@ import asyncio
 import itertools
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -28,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from lockaspect import ConfigurationError, LockClient, LockLost, LockNotAcquired
+from lockaspect import BackendError, ConfigurationError, LockClient, LockLost, LockNotAcquired
 from lockaspect.backends import open_store
 from lockaspect.backends.base import AcquireRequest, ReleaseResult
 from lockaspect.backends.zookeeper import ZooKeeperStore, open_zookeeper_store
@@ -227,6 +228,34 @@ def test_a_good_url_connects_only_on_first_use(zk: ZooKeeperServer, raw: Any) ->
             assert stat.ephemeralOwner == session_id(client)
             assert lease.fencing_token == stat.czxid
     assert sessions(zk) == before
+
+
+def kazoo_threads() -> set[str]:
+    return {t.name for t in threading.enumerate() if "zk_loop" in t.name or "_thread_worker" in t.name}
+
+
+def test_an_unreachable_server_is_a_transient_error_and_a_later_server_is_used(
+    zookeeper_classpath: str, namespace: str
+) -> None:
+    """Nothing listens on the URL's port: the first lock fails as a transient BackendError
+    after connect_timeout, leaving no kazoo thread behind; once a server listens there, the
+    same client takes locks; closed, it leaves no kazoo thread."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    before = kazoo_threads()
+    with LockClient.from_url(f"zookeeper://127.0.0.1:{port}?connect_timeout=0.5", namespace=namespace) as client:
+        with pytest.raises(BackendError) as info, client.lock("k"):
+            pass
+        assert info.value.transient
+        assert "no connection" in str(info.value)
+        assert kazoo_threads() == before
+        server = ZooKeeperServer(zookeeper_classpath)
+        server.port = port
+        with server, client.lock("k") as lease:
+            assert lease.fencing_token > 0
+            assert kazoo_threads() - before
+    until(lambda: kazoo_threads() == before, "the kazoo threads to end")
 
 
 @pytest.mark.xfail(
