@@ -536,6 +536,28 @@ def test_a_waiter_that_times_out_leaves_no_node(make: Callable[..., LockClient],
         assert waiter.backend._session.book.nodes() == []
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: _ops._waker makes a new watch function for every attempt, so kazoo's watcher set "
+    "for the holder's node (KazooClient._data_watchers) keeps one per timed-out attempt until that "
+    "node goes: memory grows with every try on a long-held lock",
+)
+def test_timed_out_waiters_do_not_pile_up_watch_callbacks(
+    make: Callable[..., LockClient], raw: Any, namespace: str
+) -> None:
+    """40 waits that time out on a key held all along leave the waiting client's kazoo with a
+    bounded number of callbacks on the holder's node (the server keeps one watch per session
+    and path anyway)."""
+    holder, waiter = make(), make()
+    with holder.lock("k"):
+        (held,) = contenders(raw, namespace, "k")
+        for _ in range(40):
+            with pytest.raises(LockNotAcquired), waiter.lock("k", wait=0.01):
+                pass
+        callbacks = waiter.backend._session._client._data_watchers[f"{parent_of(namespace, 'k')}/{held}"]
+        assert len(callbacks) <= 2
+
+
 @pytest.mark.parametrize("steps", [0, 1, 2, 3, 4, 6, 10, "queued"])
 def test_a_cancelled_async_waiter_leaves_no_node(
     make: Callable[..., LockClient], raw: Any, namespace: str, steps: int | str

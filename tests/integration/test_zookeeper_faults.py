@@ -644,6 +644,37 @@ def test_server_killed_and_restarted_while_one_waits_and_one_tries(
 # -- a held node deleted after a same-session reconnection ------------------------------------------
 
 
+def test_a_force_release_while_the_holder_is_cut_off_is_noticed_on_reconnection(
+    own_zk: ZooKeeperServer, gate: Gate, make: Callable[..., LockClient]
+) -> None:
+    """An operator force-releases the key while the holder's connection is down: when the
+    holder reconnects (same session) it re-reads its held node, finds it gone and is told
+    (reason 'not-owner'), before its renewals trust the session again."""
+    told = Told()
+    holder = make(gate, "?session_timeout=8", watchdog_lease=60.0)
+    operator = make(own_zk)
+    seen: list[Any] = []
+
+    def hold() -> None:
+        with holder.lock("k", on_lost=told.on_lost) as lease:
+            seen.append(lease)
+            before = session_of(holder)
+            gate.shut()
+            until(lambda: not holder.backend._session.connected, "the holder to be cut off")
+            assert operator.backend.force_release("k")
+            gate.open()
+            assert told.event.wait(BOUND)
+            assert session_of(holder) == before
+            assert lease.lost_reason == "not-owner"
+
+    with pytest.raises(LockLost) as info:
+        hold()
+    assert info.value.exception is None, info.value.exception
+    assert info.value.reason == "not-owner"
+    with operator.lock("k") as again:
+        assert again.fencing_token > seen[0].fencing_token
+
+
 @pytest.mark.xfail(
     strict=True,
     reason="BUG: kazoo drops every watch on a connection loss (KazooClient._reset_watchers, a NONE "
