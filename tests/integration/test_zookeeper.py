@@ -281,12 +281,16 @@ def test_a_port_of_unicode_digits_is_a_configuration_error() -> None:
 
 @pytest.mark.xfail(
     strict=True,
-    reason="BUG: a password with a raw '/' (or '?') is cut as the chroot by both parse_settings and "
-    "base.redacted, so the error message shows it",
+    reason="BUG: a password with a raw '/' (or '?') is cut as the chroot (or query) by parse_settings, "
+    "and base.redacted finds no user:password@ in what is left, so the error message shows it",
 )
-def test_a_password_with_a_slash_is_never_shown() -> None:
+@pytest.mark.parametrize("password", ["s3/cret", "s3?cret"])
+def test_a_password_with_a_slash_is_never_shown(password: str) -> None:
+    """Whatever the parser makes of a password with an unescaped '/' or '?', an error about
+    another part of the URL (the port) shows no part of it."""
     with pytest.raises(ConfigurationError) as info:
-        open_zookeeper_store("zookeeper://alice:s3/cret@127.0.0.1:2181")
+        open_zookeeper_store(f"zookeeper://alice:{password}@127.0.0.1:70000")
+    assert "s3" not in str(info.value)
     assert "cret" not in str(info.value)
 
 
@@ -506,11 +510,13 @@ def test_force_release_by_another_client_loses_the_hold_at_once(
 
 
 def test_force_release_of_a_fixed_lease(make: Callable[..., LockClient], raw: Any, namespace: str) -> None:
+    """A fixed lease (60 s) is never renewed: only the watch on its node can tell its holder of
+    a force release, long before the lease would end."""
     holder, operator = make(), make()
     leases = []
 
     def hold() -> None:
-        with holder.lock("fixed", lease=30) as lease:
+        with holder.lock("fixed", lease=60) as lease:
             leases.append(lease)
             assert operator.backend.force_release("fixed")
             until(lambda: lease.lost, "the fixed lease to be lost")
@@ -644,7 +650,8 @@ def test_each_waiter_watches_only_its_predecessor_and_is_woken_once(
         queue = contenders(raw, namespace, "k")
         parent = parent_of(namespace, "k")
         watches = watches_by_session(zk)
-        assert watches[session_id(holder)] == [f"{parent}/{queue[0]}"]  # its own node (force releases)
+        # the holder watches its own node at most (to hear of a force release)
+        assert set(watches.get(session_id(holder), [])) <= {f"{parent}/{queue[0]}"}
         for i, client in enumerate(waiters):
             assert watches[session_id(client)] == [f"{parent}/{queue[i]}"]
         assert all(parent not in paths for paths in watches.values())
