@@ -106,6 +106,36 @@ def contenders(raw: Any, namespace: str, key: str) -> list[str]:
     return sorted(children, key=lambda name: int(name.rsplit("-", 1)[1]))
 
 
+def watches_by_session(server: ZooKeeperServer) -> dict[int, list[str]]:
+    """The server's watches (``wchc``): session id -> watched paths."""
+    found: dict[int, list[str]] = {}
+    current = None
+    for line in server.four_letter("wchc").splitlines():
+        if line.startswith("0x"):
+            current = int(line, 16)
+            found[current] = []
+        elif line.strip() and current is not None:
+            found[current].append(line.strip())
+    return found
+
+
+def waiting(server: ZooKeeperServer, raw: Any, namespace: str, key: str) -> list[int]:
+    """The sessions queued on ``key`` as waiters, in queue order: each owns a contender node
+    and watches another node of the key (a try's node, made and deleted in one attempt, is
+    not a place in the queue)."""
+    parent = parent_of(namespace, key)
+    watches = watches_by_session(server)
+    found = []
+    for name in contenders(raw, namespace, key):
+        stat = raw.exists(f"{parent}/{name}")
+        if stat is None:
+            continue
+        owner = int(stat.ephemeralOwner)
+        if any(path.startswith(parent + "/") and path != f"{parent}/{name}" for path in watches.get(owner, ())):
+            found.append(owner)
+    return found
+
+
 def sessions(server: ZooKeeperServer) -> int:
     """How many client sessions the server has open (its ``cons`` list)."""
     return server.four_letter("cons").count("sid=")
@@ -468,7 +498,7 @@ def test_processes_keep_an_exact_counter_in_a_znode(
 
 
 def test_force_release_by_another_client_loses_the_hold_at_once(
-    make: Callable[..., LockClient], raw: Any, namespace: str
+    zk: ZooKeeperServer, make: Callable[..., LockClient], raw: Any, namespace: str
 ) -> None:
     """``force_release`` from an operator's client deletes the holder's node: the holder is told
     by the watch on its node (reason 'not-owner', ``on_lost`` called, LockLost at the block's
@@ -491,7 +521,7 @@ def test_force_release_by_another_client_loses_the_hold_at_once(
     def hold() -> None:
         with holder.lock("k", on_lost=lambda lease: (reasons.append(lease.lost_reason), told.set())) as lease:
             queued.set()
-            until(lambda: len(contenders(raw, namespace, "k")) == 2, "the waiter to queue")
+            until(lambda: len(waiting(zk, raw, namespace, "k")) == 1, "the waiter to queue")
             assert operator.backend.force_release("k") is True
             assert told.wait(BOUND)
             assert lease.lost
@@ -566,7 +596,7 @@ def test_timed_out_waiters_do_not_pile_up_watch_callbacks(
 
 @pytest.mark.parametrize("steps", [0, 1, 2, 3, 4, 6, 10, "queued"])
 def test_a_cancelled_async_waiter_leaves_no_node(
-    make: Callable[..., LockClient], raw: Any, namespace: str, steps: int | str
+    zk: ZooKeeperServer, make: Callable[..., LockClient], raw: Any, namespace: str, steps: int | str
 ) -> None:
     """A task waiting for a busy lock is cancelled at one of its await points (after
     ``steps`` turns of the loop, or once its node is queued): its contender node is deleted,
@@ -582,8 +612,7 @@ def test_a_cancelled_async_waiter_leaves_no_node(
             (held,) = contenders(raw, namespace, "k")
             task = asyncio.create_task(wait_for_it())
             if steps == "queued":
-                while len(await asyncio.to_thread(contenders, raw, namespace, "k")) < 2:
-                    pass
+                await asyncio.to_thread(until, lambda: waiting(zk, raw, namespace, "k"), "the waiter to queue")
             else:
                 for _ in range(int(steps)):
                     await asyncio.sleep(0)
@@ -600,19 +629,6 @@ def test_a_cancelled_async_waiter_leaves_no_node(
 
 
 # -- 11. no herd: a release wakes only the next waiter -------------------------------------------
-
-
-def watches_by_session(zk: ZooKeeperServer) -> dict[int, list[str]]:
-    """The server's watches (``wchc``): session id -> watched paths."""
-    found: dict[int, list[str]] = {}
-    current = None
-    for line in zk.four_letter("wchc").splitlines():
-        if line.startswith("0x"):
-            current = int(line, 16)
-            found[current] = []
-        elif line.strip() and current is not None:
-            found[current].append(line.strip())
-    return found
 
 
 def test_each_waiter_watches_only_its_predecessor_and_is_woken_once(
@@ -646,14 +662,20 @@ def test_each_waiter_watches_only_its_predecessor_and_is_woken_once(
             thread = threading.Thread(target=wait_for_it, args=(i,), daemon=True)
             thread.start()
             threads.append(thread)
-            until(lambda i=i: len(contenders(raw, namespace, "k")) == i + 2, f"waiter {i} to queue")
+            until(lambda i=i: len(waiting(zk, raw, namespace, "k")) == i + 1, f"waiter {i} to queue")
         queue = contenders(raw, namespace, "k")
         parent = parent_of(namespace, "k")
+        expected = {session_id(client): [f"{parent}/{queue[i]}"] for i, client in enumerate(waiters)}
+
+        def watching() -> dict[int, list[str]]:
+            return {sid: paths for sid, paths in watches_by_session(zk).items() if sid in expected}
+
+        # each waiter's last attempt ends with its watch set: wait for the five to be set
+        until(lambda: len(watching()) == len(expected), "every waiter to watch")
         watches = watches_by_session(zk)
+        assert watching() == expected
         # the holder watches its own node at most (to hear of a force release)
         assert set(watches.get(session_id(holder), [])) <= {f"{parent}/{queue[0]}"}
-        for i, client in enumerate(waiters):
-            assert watches[session_id(client)] == [f"{parent}/{queue[i]}"]
         assert all(parent not in paths for paths in watches.values())
         queued = list(attempts)
     for thread in threads:

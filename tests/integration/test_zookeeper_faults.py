@@ -121,6 +121,36 @@ def contenders(raw: Any, namespace: str, key: str) -> list[str]:
     return sorted(children, key=lambda name: int(name.rsplit("-", 1)[1]))
 
 
+def watches_by_session(server: ZooKeeperServer) -> dict[int, list[str]]:
+    """The server's watches (``wchc``): session id -> watched paths."""
+    found: dict[int, list[str]] = {}
+    current = None
+    for line in server.four_letter("wchc").splitlines():
+        if line.startswith("0x"):
+            current = int(line, 16)
+            found[current] = []
+        elif line.strip() and current is not None:
+            found[current].append(line.strip())
+    return found
+
+
+def waiting(server: ZooKeeperServer, raw: Any, namespace: str, key: str) -> list[int]:
+    """The sessions queued on ``key`` as waiters, in queue order: each owns a contender node
+    and watches another node of the key (a try's node, made and deleted in one attempt, is
+    not a place in the queue)."""
+    parent = parent_of(namespace, key)
+    watches = watches_by_session(server)
+    found = []
+    for name in contenders(raw, namespace, key):
+        stat = raw.exists(f"{parent}/{name}")
+        if stat is None:
+            continue
+        owner = int(stat.ephemeralOwner)
+        if any(path.startswith(parent + "/") and path != f"{parent}/{name}" for path in watches.get(owner, ())):
+            found.append(owner)
+    return found
+
+
 def owner(raw: Any, namespace: str, key: str, name: str) -> int | None:
     """The session that owns contender ``name`` of ``key`` (``None``: it went meanwhile)."""
     stat = raw.exists(f"{parent_of(namespace, key)}/{name}")
@@ -341,7 +371,7 @@ def test_a_pause_longer_than_the_session_loses_the_lock_before_anyone_else_gets_
             leases.append(lease)
             assert async_entered.wait(BOUND)
             go.set()
-            until(lambda: len(contenders(raw, namespace, "k")) == 2, "the waiter to queue")
+            until(lambda: len(waiting(own_zk, raw, namespace, "k")) == 1, "the waiter to queue")
             own_zk.pause()
             paused = time.monotonic()
             try:
@@ -475,13 +505,13 @@ def test_an_expired_session_gives_up_the_queue_places_and_waits_again(
     with holder.lock("k") as held:
         thread = threading.Thread(target=lambda: taken.append(_take(waiter, "k")), daemon=True)
         thread.start()
-        until(lambda: len(contenders(raw, namespace, "k")) == 2, "the waiter to queue")
+        until(lambda: len(waiting(zk, raw, namespace, "k")) == 1, "the waiter to queue")
         first = contenders(raw, namespace, "k")[1]
         old = session_of(waiter)
         expire_session(zk, kazoo_of(waiter).client_id)
         until(lambda: session_of(waiter) not in (old, None), "the waiter's new session")
         until(
-            lambda: len(contenders(raw, namespace, "k")) == 2 and contenders(raw, namespace, "k")[1] != first,
+            lambda: len(waiting(zk, raw, namespace, "k")) == 1 and contenders(raw, namespace, "k")[1:] != [first],
             "the waiter to queue again",
         )
         assert taken == []
@@ -614,7 +644,7 @@ def test_server_killed_and_restarted_while_one_waits_and_one_tries(
     with holder.lock("k") as lease:
         thread = threading.Thread(target=wait_for_it, daemon=True)
         thread.start()
-        until(lambda: len(contenders(raw, namespace, "k")) == 2, "the waiter to queue")
+        until(lambda: len(waiting(own_zk, raw, namespace, "k")) == 1, "the waiter to queue")
         before = session_of(holder)
         gate.shut()
         raw.stop()
@@ -827,7 +857,7 @@ def test_a_killed_holder_process_frees_the_lock_when_its_session_ends(
 
         thread = threading.Thread(target=wait_for_it, daemon=True)
         thread.start()
-        until(lambda: len(contenders(raw, namespace, "k")) == 2, "the waiter to queue")
+        until(lambda: len(waiting(zk, raw, namespace, "k")) == 1, "the waiter to queue")
         assert taken == []
         os.kill(holder.pid, signal.SIGKILL)
         holder.wait(BOUND)
@@ -855,7 +885,7 @@ def test_a_dead_waiter_in_the_middle_of_the_queue_is_skipped_when_its_session_en
         (held,) = contenders(raw, namespace, "k")
         middle = spawn(WAITER, zk.url + "?session_timeout=1", namespace, "k")
         try:
-            until(lambda: len(contenders(raw, namespace, "k")) == 2, "the middle waiter to queue")
+            until(lambda: len(waiting(zk, raw, namespace, "k")) == 1, "the middle waiter to queue")
             dead = contenders(raw, namespace, "k")[1]
 
             def wait_for_it() -> None:
@@ -864,7 +894,7 @@ def test_a_dead_waiter_in_the_middle_of_the_queue_is_skipped_when_its_session_en
 
             thread = threading.Thread(target=wait_for_it, daemon=True)
             thread.start()
-            until(lambda: len(contenders(raw, namespace, "k")) == 3, "the last waiter to queue")
+            until(lambda: len(waiting(zk, raw, namespace, "k")) == 2, "the last waiter to queue")
             os.kill(middle.pid, signal.SIGKILL)
             middle.wait(BOUND)
         finally:
@@ -892,10 +922,10 @@ def test_a_waiter_killed_while_the_lock_is_free_does_not_block_the_next(
     try:
         assert middle.stdout is not None
         with holder.lock("k"):
-            until(lambda: len(contenders(raw, namespace, "k")) == 2, "the middle waiter to queue")
+            until(lambda: len(waiting(zk, raw, namespace, "k")) == 1, "the middle waiter to queue")
             thread = threading.Thread(target=lambda: taken.append(_take(last, "k")), daemon=True)
             thread.start()
-            until(lambda: len(contenders(raw, namespace, "k")) == 3, "the last waiter to queue")
+            until(lambda: len(waiting(zk, raw, namespace, "k")) == 2, "the last waiter to queue")
         held = int(middle.stdout.readline())  # B holds now: A released
         assert taken == []
         os.kill(middle.pid, signal.SIGKILL)
