@@ -359,8 +359,8 @@ def test_a_pause_longer_than_the_session_loses_the_lock_before_anyone_else_gets_
         except BaseException as exc:  # noqa: BLE001 - checked below
             async_outcome.append(exc)
 
-    waiting = threading.Thread(target=wait_for_it, daemon=True)
-    waiting.start()
+    waiter_thread = threading.Thread(target=wait_for_it, daemon=True)
+    waiter_thread.start()
     async_thread = threading.Thread(target=async_holder, daemon=True)
     async_thread.start()
     leases: list[Any] = []
@@ -385,7 +385,7 @@ def test_a_pause_longer_than_the_session_loses_the_lock_before_anyone_else_gets_
             finally:
                 own_zk.resume()
             resumed.append(time.monotonic())
-            waiting.join(BOUND)
+            waiter_thread.join(BOUND)
 
     with pytest.raises(LockLost) as info:
         hold()
