@@ -288,32 +288,17 @@ def test_an_unreachable_server_is_a_transient_error_and_a_later_server_is_used(
     until(lambda: kazoo_threads() == before, "the kazoo threads to end")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: _options.parse_settings checks chroot parts before unquoting them: %2E%2E becomes '..' "
-    "(and %2F an empty part), refused only by kazoo/the server at the first lock",
-)
 @pytest.mark.parametrize("chroot", ["/a/%2E%2E/b", "/a/%2e/b", "/a/%2Fb", "/a%00b"])
 def test_an_escaped_bad_chroot_is_refused_at_creation(zk: ZooKeeperServer, chroot: str) -> None:
     with pytest.raises(ConfigurationError, match="chroot"):
         LockClient.from_url(zk.url + chroot).close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: _options._host checks the port with str.isdigit(), which accepts digits int() refuses "
-    "('²'): a plain ValueError escapes instead of a ConfigurationError naming the port",
-)
 def test_a_port_of_unicode_digits_is_a_configuration_error() -> None:
     with pytest.raises(ConfigurationError, match="bad port"):
         open_zookeeper_store("zookeeper://127.0.0.1:²")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a password with a raw '/' (or '?') is cut as the chroot (or query) by parse_settings, "
-    "and base.redacted finds no user:password@ in what is left, so the error message shows it",
-)
 @pytest.mark.parametrize("password", ["s3/cret", "s3?cret"])
 def test_a_password_with_a_slash_is_never_shown(password: str) -> None:
     """Whatever the parser makes of a password with an unescaped '/' or '?', an error about
@@ -572,12 +557,6 @@ def test_a_waiter_that_times_out_leaves_no_node(make: Callable[..., LockClient],
         assert waiter.backend._session.book.nodes() == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: _ops._waker makes a new watch function for every attempt, so kazoo's watcher set "
-    "for the holder's node (KazooClient._data_watchers) keeps one per timed-out attempt until that "
-    "node goes: memory grows with every try on a long-held lock",
-)
 def test_timed_out_waiters_do_not_pile_up_watch_callbacks(
     make: Callable[..., LockClient], raw: Any, namespace: str
 ) -> None:

@@ -520,12 +520,6 @@ def test_an_expired_session_gives_up_the_queue_places_and_waits_again(
     assert taken[0] > held.fencing_token
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: between LOST and the new session kazoo short-circuits every request with "
-    "SessionExpiredError; Session.run turns it into a transient BackendError at once instead of "
-    "waiting (up to request_timeout, 'across a reconnection') for the new session",
-)
 def test_a_try_right_after_a_session_loss_waits_for_the_new_session(
     zk: ZooKeeperServer, make: Callable[..., LockClient]
 ) -> None:
@@ -705,13 +699,6 @@ def test_a_force_release_while_the_holder_is_cut_off_is_noticed_on_reconnection(
         assert again.fencing_token > seen[0].fencing_token
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: kazoo drops every watch on a connection loss (KazooClient._reset_watchers, a NONE "
-    "event) and never sets them again; Session.held_watch ignores that event and _after_reconnect "
-    "re-reads held nodes without a watch, so a force release after a same-session reconnect is "
-    "never noticed: two holders",
-)
 def test_a_force_release_after_a_same_session_reconnect_is_noticed(
     own_zk: ZooKeeperServer, gate: Gate, make: Callable[..., LockClient]
 ) -> None:
@@ -748,13 +735,6 @@ def test_a_force_release_after_a_same_session_reconnect_is_noticed(
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: Session._after_reconnect gives up when its re-read of the held nodes fails "
-    "(BackendError) and leaves Session.verified False; only a later same-session reconnection "
-    "with holds re-reads, so renew() answers None for every hold from then on and each lease "
-    "(also of later locks) is reported lost at its watchdog deadline while its node is fine",
-)
 def test_a_failed_re_read_after_a_reconnection_does_not_lose_every_lease_later(
     own_zk: ZooKeeperServer, gate: Gate, make: Callable[..., LockClient]
 ) -> None:
