@@ -25,6 +25,7 @@ window far smaller than 2**31), so a wrap never reorders the queue.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
@@ -50,6 +51,7 @@ _SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ012345678
 _WRAP = 1 << 32
 
 
+@functools.lru_cache(maxsize=4096)
 def encode_key(key: str) -> str:
     """``key`` as one node name: ``/``, ``%``, spaces and controls %-escaped, ``.`` and
     ``..`` (which ZooKeeper refuses) escaped too. Reversible with :func:`decode_key`."""
@@ -132,8 +134,10 @@ class Contender(NamedTuple):
         return int(self.infix[4:]) if self.infix.startswith("sem.") else None
 
 
+@functools.lru_cache(maxsize=4096)
 def parse(name: str) -> Contender | None:
-    """The contender ``name`` names, or ``None`` for a node lockaspect did not make."""
+    """The contender ``name`` names, or ``None`` for a node lockaspect did not make (cached:
+    a waiter reads the same names at each attempt)."""
     match = _NAME.match(name)
     if match is None:
         return None
