@@ -661,3 +661,37 @@ def test_each_waiter_watches_only_its_predecessor_and_is_woken_once(
         thread.join(BOUND)
     assert order == list(range(len(waiters)))
     assert [after - before for after, before in zip(attempts, queued, strict=True)] == [1] * len(waiters)
+
+
+# -- a forked child -----------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_gets_a_session_of_its_own(make: Callable[..., LockClient]) -> None:
+    """A child forked while its parent holds a lock locks on a new session of its own: it
+    gets other keys, is kept out of the parent's, and the parent's lock is untouched."""
+    client = make()
+    with client.lock("parent") as held:
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child reports through the pipe
+            outcome = "?"
+            try:
+                with client.lock("child", wait=BOUND) as mine:
+                    outcome = f"child:{mine.fencing_token > 0}"
+                try:
+                    with client.lock("parent", wait=0.3):
+                        outcome += ",parent:taken"
+                except LockNotAcquired:
+                    outcome += ",parent:refused"
+            except BaseException as exc:  # noqa: BLE001 - reported to the parent
+                outcome = repr(exc)
+            os.write(write, outcome.encode())
+            os._exit(0)
+        os.close(write)
+        _, status = os.waitpid(pid, 0)
+        with os.fdopen(read, "rb") as pipe:
+            outcome = pipe.read().decode()
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert outcome == "child:True,parent:refused"
+        assert not held.lost

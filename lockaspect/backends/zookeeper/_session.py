@@ -167,6 +167,7 @@ class Session(SessionState):
         self._client = None
         self._timer = None
         self._watcher = None
+        self._watcher_wake = threading.Event()
         self._live = threading.Event()
         self.book = Book()
         self.hub = Hub()
