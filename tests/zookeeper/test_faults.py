@@ -6,7 +6,7 @@ the server has a server of its own (it starts in ~0.3 s).
 
 Session timeouts are short (1 s where a session must end, several seconds where it must
 survive), so the server, not a sleep, decides when things happen; a deadline only bounds a
-hang. The happy paths are in ``test_zookeeper.py``.
+hang. The happy paths are in ``test_store.py``.
 """
 
 from __future__ import annotations
@@ -32,22 +32,12 @@ from lockaspect.backends.zookeeper import ZooKeeperStore
 from lockaspect.observe import LockEvent
 from lockaspect.testing import ZooKeeperServer
 
+from ._support import BOUND, contenders, parent_of, until, waiting
+
 kazoo_client = pytest.importorskip("kazoo.client")
-kazoo_exceptions = pytest.importorskip("kazoo.exceptions")
 KazooClient = kazoo_client.KazooClient
 
 WORKTREE = str(Path(__file__).resolve().parents[2])
-BOUND = 30.0  # seconds: how long a broken store may hang a test (never a timing threshold)
-
-
-def until(condition: Callable[[], object], what: str, bound: float = BOUND) -> None:
-    """Wait for a condition only the server (or another thread) can tell, bounded."""
-    pause = threading.Event()
-    deadline = time.monotonic() + bound
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        pause.wait(0.01)
 
 
 @pytest.fixture
@@ -106,49 +96,6 @@ def connect() -> Iterator[Callable[[ZooKeeperServer], Any]]:
     for client in clients:
         client.stop()
         client.close()
-
-
-def parent_of(namespace: str, key: str) -> str:
-    return f"/{namespace.rstrip(':')}/{namespace}{key}"
-
-
-def contenders(raw: Any, namespace: str, key: str) -> list[str]:
-    """The contender nodes of ``key`` in queue order (``[]`` once the parent is gone)."""
-    try:
-        children = raw.get_children(parent_of(namespace, key))
-    except kazoo_exceptions.NoNodeError:
-        return []
-    return sorted(children, key=lambda name: int(name.rsplit("-", 1)[1]))
-
-
-def watches_by_session(server: ZooKeeperServer) -> dict[int, list[str]]:
-    """The server's watches (``wchc``): session id -> watched paths."""
-    found: dict[int, list[str]] = {}
-    current = None
-    for line in server.four_letter("wchc").splitlines():
-        if line.startswith("0x"):
-            current = int(line, 16)
-            found[current] = []
-        elif line.strip() and current is not None:
-            found[current].append(line.strip())
-    return found
-
-
-def waiting(server: ZooKeeperServer, raw: Any, namespace: str, key: str) -> list[int]:
-    """The sessions queued on ``key`` as waiters, in queue order: each owns a contender node
-    and watches another node of the key (a try's node, made and deleted in one attempt, is
-    not a place in the queue)."""
-    parent = parent_of(namespace, key)
-    watches = watches_by_session(server)
-    found = []
-    for name in contenders(raw, namespace, key):
-        stat = raw.exists(f"{parent}/{name}")
-        if stat is None:
-            continue
-        owner = int(stat.ephemeralOwner)
-        if any(path.startswith(parent + "/") and path != f"{parent}/{name}" for path in watches.get(owner, ())):
-            found.append(owner)
-    return found
 
 
 def owner(raw: Any, namespace: str, key: str, name: str) -> int | None:
@@ -705,7 +652,7 @@ def test_a_force_release_after_a_same_session_reconnect_is_noticed(
     """The holder's connection is cut and comes back at once on the same session (same
     node); then an operator force-releases the key and takes it. The holder must be told
     (reason 'not-owner') while the operator holds it, as it is without the cut (see
-    test_zookeeper.py), not go on as a second holder."""
+    test_store.py), not go on as a second holder."""
     told = Told()
     holder = make(gate, "?session_timeout=8", watchdog_lease=60.0)
     operator = make(own_zk)
