@@ -10,11 +10,18 @@
 * :class:`ZooKeeperServer` starts a throwaway ZooKeeper (Debian's ``libzookeeper-java``, or
   the classpath found by :func:`find_zookeeper_classpath`, run by :func:`find_java`) on a
   free loopback port, in a temporary directory (:mod:`lockaspect.testing.zookeeper`).
+* :class:`ValkeyCluster` starts a real Valkey Cluster (3 primaries and 3 replicas by
+  default) and :class:`ValkeySentinel` a master with replicas watched by sentinels, each
+  process a :class:`ValkeyNode`, on loopback ports in a temporary directory, with fault
+  injection that waits until the topology has settled: failovers, kills, restarts, and
+  slot migrations held in the ``ASK`` window (:class:`SlotMigration`)
+  (:mod:`lockaspect.testing.cluster`, :mod:`lockaspect.testing.sentinel`).
 * The pytest plugin (:mod:`lockaspect.testing.pytest_plugin`, registered automatically)
   offers the fixtures ``lock_server`` (one server per test session) and ``lock_client`` (a
   :class:`~lockaspect.LockClient` on it with a fresh namespace per test), and
-  ``postgres_server`` (one PostgreSQL per test session) and ``zookeeper_server`` (one
-  ZooKeeper per test session).
+  ``postgres_server`` (one PostgreSQL per test session), ``zookeeper_server`` (one
+  ZooKeeper per test session), and ``valkey_cluster`` and ``valkey_sentinel`` (one of each
+  per test session).
 * :class:`ManualClock` is a clock you advance by hand, for code that takes one.
 * :func:`assert_locked` checks that the running code holds a lock (catches a missing or
   misapplied decorator, like ShedLock's ``LockAssert``).
@@ -26,8 +33,12 @@ from __future__ import annotations
 
 from ..errors import LockError
 from ..lease import Lease, current_lease
+from ._valkey_node import ValkeyNode as ValkeyNode
+from .cluster import SlotMigration as SlotMigration
+from .cluster import ValkeyCluster as ValkeyCluster
 from .postgres import PostgresServer as PostgresServer
 from .postgres import find_postgres_bindir as find_postgres_bindir
+from .sentinel import ValkeySentinel as ValkeySentinel
 from .server import LockServer as LockServer
 from .server import find_server_binary as find_server_binary
 from .zookeeper import ZooKeeperServer as ZooKeeperServer
@@ -38,6 +49,10 @@ __all__ = [
     "LockServer",
     "ManualClock",
     "PostgresServer",
+    "SlotMigration",
+    "ValkeyCluster",
+    "ValkeyNode",
+    "ValkeySentinel",
     "ZooKeeperServer",
     "assert_locked",
     "find_java",

