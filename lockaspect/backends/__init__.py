@@ -16,11 +16,11 @@ as ``factory(url, namespace=namespace, **options)`` and returns a
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Callable
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
-from urllib.parse import urlsplit
 
 from ..errors import ConfigurationError
 from .base import Store, redacted
@@ -39,18 +39,25 @@ StoreFactory = Callable[..., Store]
 #: The entry-point group store factories are registered under, by URL scheme.
 ENTRY_POINT_GROUP = "lockaspect.stores"
 
+_SCHEME = re.compile(r"[a-z][a-z0-9+.-]*")
+
 _lock = threading.Lock()
 _factories: dict[str, StoreFactory | EntryPoint] = {}  # scheme -> factory, or its unloaded EntryPoint
 _discovered = False
 
 
 _REDLOCK = "lockaspect.backends.redis.redlock:open_redlock_store"
+_TOPOLOGY = "lockaspect.backends.redis._topology_clients:open_topology_store"
 
 #: The stores shipped with lockaspect, by scheme (as their entry points name them).
 _BUILT_IN = {
     "redis": "lockaspect.backends.redis.options:open_redis_store",
     "rediss": "lockaspect.backends.redis.options:open_redis_store",
     "unix": "lockaspect.backends.redis.options:open_redis_store",
+    "redis+cluster": _TOPOLOGY,
+    "rediss+cluster": _TOPOLOGY,
+    "redis+sentinel": _TOPOLOGY,
+    "rediss+sentinel": _TOPOLOGY,
     "memory": "lockaspect.backends.memory:open_memory_store",
     "sqlite": "lockaspect.backends.sql.table:open_sqlite_store",
     "postgresql+table": "lockaspect.backends.sql.table:open_table_store",
@@ -129,9 +136,9 @@ def open_store(url: str, *, namespace: str = "lockaspect:", **options: Any) -> S
     """
     if not isinstance(url, str):
         raise TypeError(f"url must be a str, got {type(url).__name__}")
-    try:
-        scheme = urlsplit(url).scheme
-    except ValueError:
+    # Not urlsplit: a topology URL's netloc (h1:7000,h2:7001) is not one host and port.
+    scheme, sep, _ = url.partition("://")
+    if not sep or not _SCHEME.fullmatch(scheme):
         scheme = ""
     # Schemes compare case-sensitively (as redis-py does); urlsplit lowercases them.
     factory = _factory(scheme) if scheme and url.startswith(f"{scheme}://") else None

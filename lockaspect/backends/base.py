@@ -426,9 +426,10 @@ def redacted(url: str) -> str:
     scheme, sep, rest = url.partition("://")
     if not sep:
         return url
-    netloc, slash, tail = rest.partition("/")
-    userinfo, at, host = netloc.rpartition("@")
+    # The last '@' ends the user info (hosts never hold one), also when the password holds a
+    # '/', '?' or '#' that should have been percent-encoded.
+    userinfo, at, tail = rest.rpartition("@")
     if not at or ":" not in userinfo:
         return url
     user = userinfo.split(":", 1)[0]
-    return f"{scheme}://{user}:***@{host}{slash}{tail}"
+    return f"{scheme}://{user}:***@{tail}"

@@ -1,6 +1,8 @@
 """The contract suite's fixtures: every test runs on each store (``memory``: a
 :class:`~lockaspect.backends.memory.MemoryStore`; ``redis``: the session's Valkey server from
-:class:`~lockaspect.testing.LockServer`; ``postgres``: session advisory locks on the session's
+:class:`~lockaspect.testing.LockServer`; ``redis_cluster`` / ``redis_sentinel``: the session's
+Valkey Cluster (3 primaries, 3 replicas) and Sentinel set (master, replica, 3 sentinels);
+``postgres``: session advisory locks on the session's
 PostgreSQL server; ``zookeeper``: the session's ZooKeeper server), through the public API only, so it keeps passing
 while the engine behind it is rewritten.
 
@@ -25,7 +27,7 @@ from lockaspect.backends.redis import RedisBackend
 from lockaspect.backends.sql.advisory import open_postgres_store
 from lockaspect.testing import LockServer, PostgresServer, ZooKeeperServer
 
-STORES = ["memory", "redis", "sqlite", "postgres_table", "postgres", "zookeeper"]
+STORES = ["memory", "redis", "redis_cluster", "redis_sentinel", "sqlite", "postgres_table", "postgres", "zookeeper"]
 #: Kinds that let one holder in at a time.
 EXCLUSIVE = ["lock", "fair", "semaphore", "write", "multi"]
 ALL_KINDS = [*EXCLUSIVE, "read"]
@@ -57,6 +59,10 @@ def make_store(store_name: str, request: pytest.FixtureRequest) -> Iterator[Call
         elif store_name == "zookeeper":
             zookeeper: ZooKeeperServer = request.getfixturevalue("zookeeper_server")
             store = open_store(zookeeper.url + "/contract", namespace=f"c-{tag}:")
+        elif store_name == "redis_cluster":
+            store = open_store(request.getfixturevalue("valkey_cluster").url, namespace=f"c-{tag}:")
+        elif store_name == "redis_sentinel":
+            store = open_store(request.getfixturevalue("valkey_sentinel").url, namespace=f"c-{tag}:")
         elif store_name == "postgres":
             server_pg: PostgresServer = request.getfixturevalue("postgres_server")
             store = open_postgres_store(server_pg.url, namespace=f"c-{tag}:")

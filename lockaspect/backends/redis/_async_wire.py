@@ -11,7 +11,7 @@ from typing import Any
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from ._script import LuaScript, _pack_any, _packed
-from ._wire import DRAIN_FOR, _connection_factory, _return_token_when_gone, _tokens, _Undo
+from ._wire import ASKING, DRAIN_FOR, _connection_factory, _peer, _return_token_when_gone, _tokens, _Undo
 
 __all__ = ["_AsyncWire", "_run_async", "_run_async_then"]
 
@@ -31,7 +31,7 @@ class _AsyncWire:
     can swallow a cancellation that lands as a write completes, and the caller would then go
     on, and into its critical section, as if it had not been cancelled."""
 
-    __slots__ = ("_client", "_free", "_make", "_tasks", "_tokens", "_waiters")
+    __slots__ = ("_address", "_client", "_free", "_make", "_tasks", "_tokens", "_waiters")
 
     def __init__(self, client: Any) -> None:
         self._client = client
@@ -41,8 +41,14 @@ class _AsyncWire:
         self._tokens = _tokens(pool)
         self._waiters: list[asyncio.Future[None]] = []
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._address: tuple[str, int] | None = None
 
-    async def call(self, packed: bytes, args: tuple[object, ...], undo: _Undo | None = None) -> Any:
+    async def call(
+        self, packed: bytes, args: tuple[object, ...], undo: _Undo | None = None, asking: bool = False
+    ) -> Any:
+        if asking:
+            connection = await self._checkout()
+            return (await self._round_trip(connection, (ASKING, packed), 2, undo))[1]
         if self._make is None:
             try:
                 return await self._client.execute_command(*args)
@@ -54,9 +60,20 @@ class _AsyncWire:
         return (await self._round_trip(connection, (packed,), 1, undo))[0]
 
     async def call_then(
-        self, packed: bytes, args: tuple[object, ...], then: tuple[bytes, ...], undo: _Undo | None = None
+        self,
+        packed: bytes,
+        args: tuple[object, ...],
+        then: tuple[bytes, ...],
+        undo: _Undo | None = None,
+        asking: bool = False,
     ) -> tuple[Any, Any]:
         """:meth:`_Wire.call_then` for one event loop."""
+        if asking:
+            connection = await self._checkout()
+            first, second = (await self._round_trip(connection, (ASKING, packed, _packed(then)), 3, undo))[1:]
+            if isinstance(first, ResponseError):
+                raise first
+            return first, second
         if self._make is None:
             try:
                 pipe = self._client.pipeline(transaction=False)
@@ -125,6 +142,8 @@ class _AsyncWire:
                 reader = getattr(connection, "_reader", None)
                 if reader is not None and (reader.at_eof() or reader.exception() is not None):
                     _abandon(connection)  # the server closed it: reconnect
+                elif reader is not None and self._address is not None and self._address != _peer(connection):
+                    _abandon(connection)  # on a former master: reconnect to the current one
                 break
             if tokens is None or _take_token(tokens):
                 assert self._make is not None
@@ -223,6 +242,17 @@ class _AsyncWire:
         for command in undo():
             with contextlib.suppress(RedisError, OSError):
                 await self.call(_pack_any(command), command)
+
+    def follow(self, address: tuple[str, int] | None) -> None:
+        """See :meth:`_Wire.follow`."""
+        self._address = address
+        self.close_idle()
+
+    def close_idle(self) -> None:
+        """See :meth:`_Wire.close_idle`."""
+        free, self._free = self._free, []
+        for connection in free:
+            _abandon(connection)
 
     async def close(self) -> None:
         free, self._free = self._free, []

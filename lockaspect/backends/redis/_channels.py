@@ -67,6 +67,12 @@ class ChannelTable:
             return True
         return False
 
+    def expects(self, name: bytes, kind: bytes) -> bool:
+        """Whether a ``kind`` (subscribe or unsubscribe) confirmation of ``name`` is awaited:
+        one that is not was sent by the server on its own."""
+        channel = self._channels.get(name)
+        return channel is not None and kind in channel.expected
+
     def subscribed(self, name: bytes) -> bool:
         channel = self._channels.get(name)
         return channel is not None and channel.state == _SUBSCRIBED

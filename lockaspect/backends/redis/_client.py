@@ -7,7 +7,7 @@ from typing import Any
 
 import redis
 from redis.backoff import NoBackoff
-from redis.exceptions import ResponseError
+from redis.exceptions import AskError, ClusterError, ResponseError
 from redis.retry import Retry
 
 from ...errors import BackendError
@@ -23,9 +23,10 @@ def map_redis_error(exc: BaseException, key: str | None, action: str) -> Backend
     """The one place that turns a driver error into a :class:`BackendError`."""
     what = f" for {key!r}" if key is not None else ""
     # Connection failures and timeouts may pass (a restart, a failover); an error reply will not.
-    transient = isinstance(exc, (redis.ConnectionError, redis.TimeoutError, OSError)) or (
+    # MOVED/ASK left over, TRYAGAIN and CLUSTERDOWN: a Redis Cluster failover or migration.
+    transient = isinstance(exc, (redis.ConnectionError, redis.TimeoutError, OSError, ClusterError, AskError)) or (
         isinstance(exc, ResponseError)
-        and str(exc).startswith(("LOADING", "BUSY", "TRYAGAIN", "MASTERDOWN", "READONLY"))
+        and str(exc).startswith(("LOADING", "BUSY", "TRYAGAIN", "MASTERDOWN", "READONLY", "CLUSTERDOWN"))
     )
     return BackendError(f"{action}{what} failed: {type(exc).__name__}: {exc}", key=key, transient=transient)
 

@@ -92,20 +92,23 @@ class _Layout:
         | Capability.REPLICAS
     )
     kinds = frozenset({"lock", "fair", "semaphore", "read", "write"})
+    #: Redis Cluster: the hash slot of a user key (all its store keys share it), by which
+    #: renewals are grouped; ``None`` on a single server.
+    slot_of: Callable[[str], int] | None = None
 
     @staticmethod
     def waiter_id(listens: bool) -> str:
         """A fresh waiter id (see :func:`~lockaspect.backends.base.new_waiter_id`)."""
         return new_waiter_id(listens)
 
-    def __init__(self, namespace: str) -> None:
+    def __init__(self, namespace: str, *, sharded: bool = False) -> None:
         if "{" in namespace or "}" in namespace:
             raise ValueError(f"namespace must not contain '{{' or '}}': {namespace!r}")
         self.namespace = namespace
         #: ``WAIT numreplicas timeout`` sent behind each acquire attempt, or ``None``.
         self._wait_command: tuple[bytes, ...] | None = None
         #: The scripts by file name, as the operation table names them.
-        self._scripts = {name: LuaScript(name) for name in SCRIPTS}
+        self._scripts = {name: LuaScript(name, sharded=sharded) for name in SCRIPTS}
         # The scripts the hot path, the undo builders and the renewals use by attribute.
         self._acquire = self._scripts["acquire.lua"]
         self._release = self._scripts["release.lua"]
@@ -157,15 +160,20 @@ class _Layout:
         on the same connection, and report in :attr:`AcquireResult.replicas` how many
         replicas confirmed an acquisition (the core decides what too few means). The timeout
         must be shorter than the connections' socket timeout (``WAIT`` blocks the read)."""
-        redis_client: Any = getattr(self, "redis", None)
-        options = getattr(getattr(redis_client, "connection_pool", None), "connection_kwargs", {})
-        socket_timeout = options.get("socket_timeout")
+        socket_timeout = self._socket_timeout()
         if socket_timeout is not None and timeout >= socket_timeout:
             raise ConfigurationError(
                 f"wait_replicas: the timeout ({timeout:g}s) must be shorter than the socket timeout "
                 f"({socket_timeout:g}s), or the WAIT reply would time out the connection"
             )
         self._wait_command = (b"WAIT", b"%d" % replicas, b"%d" % _ms(timeout))
+
+    def _socket_timeout(self) -> float | None:
+        """The socket timeout of the store's connections (``None``: none, or not known)."""
+        redis_client: Any = getattr(self, "redis", None)
+        options = getattr(getattr(redis_client, "connection_pool", None), "connection_kwargs", {})
+        timeout = options.get("socket_timeout")
+        return None if timeout is None else float(timeout)
 
     # -- locks and fair locks (the hot path's two are static, on the lock's key in bytes) --
 

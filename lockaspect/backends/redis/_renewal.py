@@ -1,13 +1,14 @@
 """Batched renewal for the Redis store's twins, with no I/O: a batch of leases becomes script
 calls of at most :data:`RENEW_CHUNK` items (:func:`renew_chunks`), sent in one pipelined
 round trip; NOSCRIPT is handled by sending the chunks that met it again. Both twins drive
-the same generator (:func:`renewal`) with their own round trip, so grouping the calls
-differently (per Redis Cluster slot) is a change here only."""
+the same generator (:func:`renewal`) with their own round trip. On Redis Cluster (a layout
+with a ``slot_of``) a script call holds the items of one hash slot only, and the round trip
+is a cluster pipeline: one write per node, whatever the number of slots."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from redis.exceptions import NoScriptError, RedisError
@@ -55,7 +56,10 @@ def renewal(
     chunks = renew_chunks(layout, leases)
     replies: list[Any] = [None] * len(chunks)
     pending = list(range(len(chunks)))
-    for attempt in range(3):
+    # A cluster pipeline cannot route a keyless SCRIPT LOAD to the node that needs it: there,
+    # the chunks that met NOSCRIPT go again with EVAL (which also caches the script).
+    attempts = (0, 2) if layout.slot_of is not None else (0, 1, 2)
+    for attempt in attempts:
         commands = _round(chunks, pending, attempt)
         results = yield [command for _, command in commands]
         pending = _record(commands, results, replies)
@@ -80,8 +84,7 @@ def renew_chunks(layout: _Layout, leases: Sequence[RenewItem]) -> list[_RenewChu
     hashes = [i for i, kind in enumerate(kinds) if kind in ("lock", "fair", "write")]
     members = [i for i, kind in enumerate(kinds) if kind in ("semaphore", "read")]
     chunks: list[_RenewChunk] = []
-    for start in range(0, len(hashes), RENEW_CHUNK):
-        indexes = hashes[start : start + RENEW_CHUNK]
+    for indexes in _slices(hashes, items, layout.slot_of):
         keys: list[str] = []
         args: list[object] = []
         for i in indexes:
@@ -90,8 +93,7 @@ def renew_chunks(layout: _Layout, leases: Sequence[RenewItem]) -> list[_RenewChu
             args.append(token)
             args.append(_ms(lease))
         chunks.append(_RenewChunk(layout._renew, keys, args, indexes))
-    for start in range(0, len(members), RENEW_CHUNK):
-        indexes = members[start : start + RENEW_CHUNK]
+    for indexes in _slices(members, items, layout.slot_of):
         keys = []
         args = []
         for i in indexes:
@@ -103,6 +105,22 @@ def renew_chunks(layout: _Layout, leases: Sequence[RenewItem]) -> list[_RenewChu
             args.append(_ms(lease))
         chunks.append(_RenewChunk(layout._sem_renew, keys, args, indexes))
     return chunks
+
+
+def _slices(
+    indexes: list[int], items: Sequence[tuple[Any, ...]], slot_of: Callable[[str], int] | None
+) -> Iterator[list[int]]:
+    """``indexes`` in runs of at most :data:`RENEW_CHUNK`; with ``slot_of`` (Redis Cluster),
+    each run holds the items of one hash slot (a script's keys must share a slot)."""
+    groups: Iterable[list[int]] = [indexes]
+    if slot_of is not None:
+        by_slot: dict[int, list[int]] = {}
+        for i in indexes:
+            by_slot.setdefault(slot_of(str(items[i][0])), []).append(i)
+        groups = by_slot.values()
+    for group in groups:
+        for start in range(0, len(group), RENEW_CHUNK):
+            yield group[start : start + RENEW_CHUNK]
 
 
 def _round(chunks: list[_RenewChunk], pending: list[int], attempt: int) -> _Round:

@@ -35,7 +35,9 @@ _INCLUDE = "-- include: "
 
 
 class LuaScript:
-    """A script's text and SHA1, loaded once per backend instance.
+    """A script's text and SHA1, loaded once per backend instance. ``sharded``: the Redis
+    Cluster variant, whose release wake-ups use ``SPUBLISH`` (the channel shares the lock's
+    hash tag, so it is in the slot of the script's keys).
 
     Every way of running it sends ``EVALSHA`` first; on NOSCRIPT (after a ``SCRIPT FLUSH``,
     a failover, a restart) it loads the script and sends ``EVALSHA`` again, and when that
@@ -44,9 +46,13 @@ class LuaScript:
 
     __slots__ = ("_eval_heads", "_heads", "name", "sha", "source")
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, *, sharded: bool = False) -> None:
         self.name = name
         self.source = load_script(name)
+        if sharded:
+            # Redis Cluster: wake-ups go out with SPUBLISH, to the subscribers of the slot's
+            # own primary, instead of being broadcast to every node of the cluster.
+            self.source = self.source.replace("'PUBLISH'", "'SPUBLISH'")
         self.sha = hashlib.sha1(self.source.encode()).hexdigest()
         self._heads: dict[tuple[int, int], bytes] = {}
         self._eval_heads: dict[tuple[int, int], bytes] = {}

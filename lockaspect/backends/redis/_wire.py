@@ -17,7 +17,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from ._script import _pack_any, _packed
 
-__all__ = ["DRAIN_FOR", "_Line", "_Undo", "_Wire"]
+__all__ = ["ASKING", "DRAIN_FOR", "_Line", "_Undo", "_Wire"]
 
 
 class _Wire:
@@ -52,20 +52,25 @@ class _Wire:
     Redis Cluster) use ``execute_command`` instead.
     """
 
-    __slots__ = ("__weakref__", "_client", "_draining", "_free", "_make", "_tokens")
+    __slots__ = ("__weakref__", "_address", "_client", "_draining", "_free", "_make", "_tokens")
 
     def __init__(self, client: Any) -> None:
         self._client = client
         pool = getattr(client, "connection_pool", None)
         self._make = _connection_factory(client, pool)
         self._free: list[Any] = []
+        #: The server every connection must be on (Sentinel's current master), or ``None``.
+        self._address: tuple[str, int] | None = None
         self._tokens = _tokens(pool)
         self._draining: list[tuple[Any, float]] = []
         _wires.add(self)
 
-    def call(self, packed: bytes, args: tuple[object, ...], undo: _Undo | None = None) -> Any:
+    def call(self, packed: bytes, args: tuple[object, ...], undo: _Undo | None = None, asking: bool = False) -> Any:
         """Send ``packed`` (``args`` is the same command unpacked, for the slow path) and read
-        its reply; on a failure after sending, ``undo()`` (a command) follows it."""
+        its reply; on a failure after sending, ``undo()`` (a command) follows it. ``asking``:
+        ``ASKING`` goes first, in the same write (Redis Cluster, a slot being imported here)."""
+        if asking:
+            return self._round_trip((ASKING, packed), 2, undo)[1]
         if self._make is None:
             try:
                 return self._client.execute_command(*args)
@@ -76,11 +81,21 @@ class _Wire:
         return self._round_trip((packed,), 1, undo)[0]
 
     def call_then(
-        self, packed: bytes, args: tuple[object, ...], then: tuple[bytes, ...], undo: _Undo | None = None
+        self,
+        packed: bytes,
+        args: tuple[object, ...],
+        then: tuple[bytes, ...],
+        undo: _Undo | None = None,
+        asking: bool = False,
     ) -> tuple[Any, Any]:
         """:meth:`call`, then the command ``then`` on the same connection in the same write
         (``WAIT`` counts the replicas that have this connection's writes): both replies. An
         error reply to the first command is raised once the second reply is read."""
+        if asking:
+            first, second = self._round_trip((ASKING, packed, _packed(then)), 3, undo)[1:]
+            if isinstance(first, ResponseError):
+                raise first
+            return first, second
         if self._make is None:
             try:
                 pipe = self._client.pipeline(transaction=False)
@@ -106,6 +121,16 @@ class _Wire:
         if self._draining:
             self._drain()
         connection = self._checkout()
+        if getattr(connection, "_sock", True) is None:
+            # connect() first, as redis-py's pool does: send_packed_command would connect to
+            # the connection's host and port, but a Sentinel connection asks the sentinels
+            # for them in its connect(). Nothing was sent if it fails.
+            try:
+                connection.connect()
+            except BaseException:
+                connection.disconnect()
+                self._checkin(connection)
+                raise
         try:
             connection.send_packed_command(frames, check_health=False)
         except BaseException:
@@ -146,7 +171,9 @@ class _Wire:
                 pass
             else:
                 sock = getattr(connection, "_sock", None)
-                if sock is not None and _readable(sock):
+                if sock is not None and self._address is not None and self._address != _peer(connection):
+                    connection.disconnect()  # on a former master: reconnect to the current one
+                elif sock is not None and _readable(sock):
                     # Nothing may be pending on an idle connection: this one was closed by the
                     # server (a restart, its idle timeout, CLIENT KILL). Reconnect before
                     # sending; a command is never sent twice, since one that failed may have run.
@@ -225,10 +252,21 @@ class _Wire:
             connection.disconnect()
         self._draining = keep
 
-    def close(self) -> None:
+    def follow(self, address: tuple[str, int] | None) -> None:
+        """From now on use only connections to ``address`` (the master changed): the idle
+        ones are closed now, the busy ones before their next command."""
+        self._address = address
+        self.close_idle()
+
+    def close_idle(self) -> None:
+        """Close the idle connections (their node left the cluster, or serves other slots now);
+        a connection set aside behind an undo stays until the server has answered it."""
         free, self._free = self._free, []
         for connection in free:
             connection.disconnect()
+
+    def close(self) -> None:
+        self.close_idle()
         draining, self._draining = self._draining, []
         for connection, _ in draining:
             connection.disconnect()
@@ -264,6 +302,8 @@ class _Line:
         if connection is None:
             connection = self._connection = self._make()
         try:
+            if getattr(connection, "_sock", True) is None:
+                connection.connect()  # see _Wire._round_trip
             connection.send_packed_command([b"".join(_pack_any(command) for command in commands)], check_health=False)
             replies: list[Any] = []
             for _ in commands:
@@ -281,6 +321,9 @@ class _Line:
         if connection is not None:
             connection.disconnect()
 
+
+#: ``ASKING``, packed: sent before a command for a slot that a node is importing.
+ASKING = _packed((b"ASKING",))
 
 #: How long a connection whose command failed after it was sent stays set aside, waiting for
 #: the server to answer the command and the undo written behind it, before it is closed.
@@ -334,6 +377,10 @@ def _tokens(pool: Any) -> queue.SimpleQueue[Any] | None:
 
 #: Builds the commands that undo a command in flight (called only when one failed).
 _Undo = Callable[[], list[tuple[object, ...]]]
+
+
+def _peer(connection: Any) -> tuple[str, int]:
+    return str(connection.host), int(connection.port)
 
 
 def _drained(sock: Any) -> bool:

@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 import redis
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import AskError, RedisError, ResponseError
 
 from ..._wakeup import Wakeup
 from ._channels import ChannelTable
@@ -26,6 +26,23 @@ log = logging.getLogger("lockaspect.backend")
 #: After the server refuses pub/sub (an ACL without ``+@pubsub``, a proxy without it), stop
 #: asking for this many seconds: waiters poll at once instead of timing out on SUBSCRIBE.
 UNAVAILABLE_FOR = 60.0
+
+
+class _SlotMoved(Exception):
+    """The server dropped a sharded subscription by itself: the channel's slot moved."""
+
+
+_SHARDED = frozenset({b"smessage", b"ssubscribe", b"sunsubscribe"})
+
+
+def _kind(message: dict[str, Any]) -> tuple[bytes, bytes]:
+    """A pub/sub message's type, with the sharded types named as the plain ones, and its
+    channel."""
+    kind = message["type"]
+    kind = kind.encode() if isinstance(kind, str) else kind
+    if kind in _SHARDED:
+        kind = kind[1:]
+    return kind, message["channel"]
 
 
 class _Subscription:
@@ -56,9 +73,13 @@ class RedisNotifier:
     Waiters then retry with bounded polling, so progress never depends on a message.
     """
 
-    def __init__(self, client: redis.Redis, channel_for: Any) -> None:
+    def __init__(self, client: redis.Redis, channel_for: Any, *, sharded: bool = False, on_moved: Any = None) -> None:
         self._redis: Any = client
         self._channel_for = channel_for
+        # Sharded (Redis Cluster, one notifier per primary): SSUBSCRIBE, and ``on_moved()``
+        # when the server says the channel's slot is served elsewhere now.
+        self._sharded = sharded
+        self._on_moved = on_moved
         #: This notifier's waiter id: queued in a lock's waiter list, woken on its own channel.
         self.waiter_id = os.urandom(8).hex()
         # Entered as ``with self._mutex`` (a C-level enter: an exception raised asynchronously
@@ -148,9 +169,9 @@ class RedisNotifier:
         if self._pubsub is None:
             self._pubsub = self._redis.pubsub(ignore_subscribe_messages=False)
         if command == "SUBSCRIBE":
-            self._pubsub.subscribe(name)
+            (self._pubsub.ssubscribe if self._sharded else self._pubsub.subscribe)(name)
         else:
-            self._pubsub.unsubscribe(name)
+            (self._pubsub.sunsubscribe if self._sharded else self._pubsub.unsubscribe)(name)
         if self._thread is None:
             thread = threading.Thread(target=self._read, name="lockaspect-notifier", daemon=True)
             thread.start()  # published once started: close() joins what it finds
@@ -176,19 +197,23 @@ class RedisNotifier:
                 # Also what redis-py raises when close() pulled the connection away.
                 self._connection_lost(pubsub, exc)
                 return
-            if message is not None:
-                self._dispatch(message)
+            if message is not None and not self._dispatch(message):
+                self._connection_lost(pubsub, _SlotMoved(f"the server dropped {message['channel']!r}"))
+                return
 
-    def _dispatch(self, message: dict[str, Any]) -> None:
-        kind = message["type"]
-        kind = kind.encode() if isinstance(kind, str) else kind
-        name = message["channel"]
+    def _dispatch(self, message: dict[str, Any]) -> bool:
+        """Hand ``message`` to the waiters; ``False`` when the server dropped a sharded
+        subscription by itself (its slot moved: the connection is given up)."""
+        kind, name = _kind(message)
         with self._mutex:
             if kind == b"message":
                 for waiter in self._table.message(name, time.monotonic()):
                     waiter.wake()
+            elif kind == b"unsubscribe" and self._sharded and not self._table.expects(name, kind):
+                return False
             elif kind in (b"subscribe", b"unsubscribe") and self._table.reply(kind, name):
                 self._lock.notify_all()
+        return True
 
     def _connection_lost(self, pubsub: Any, exc: BaseException) -> None:
         with self._mutex:
@@ -196,6 +221,11 @@ class RedisNotifier:
                 return
             if self._pubsub is not pubsub:
                 pass  # an older connection, already replaced: nothing to reset
+            elif isinstance(exc, (AskError, _SlotMoved)):
+                # Redis Cluster: a failover or a migration moved a channel's slot.
+                log.info("release notifications of a moved slot, subscribing again: %s", exc)
+                if self._on_moved is not None:
+                    self._on_moved()
             elif isinstance(exc, ResponseError):
                 # NOPERM (an ACL without pub/sub) or an unknown command behind a proxy.
                 self._unavailable_until = time.monotonic() + UNAVAILABLE_FOR
@@ -260,9 +290,11 @@ class AsyncRedisNotifier:
     task per loop. SUBSCRIBE/UNSUBSCRIBE are decided and sent under one asyncio lock, so they
     reach the server in the order the table recorded them."""
 
-    def __init__(self, client: Any, channel_for: Any) -> None:
+    def __init__(self, client: Any, channel_for: Any, *, sharded: bool = False, on_moved: Any = None) -> None:
         self._redis = client
         self._channel_for = channel_for
+        self._sharded = sharded
+        self._on_moved = on_moved
         self.waiter_id = os.urandom(8).hex()
         self._table = ChannelTable()
         self._send_lock = asyncio.Lock()
@@ -361,9 +393,9 @@ class AsyncRedisNotifier:
         if self._pubsub is None:
             self._pubsub = self._redis.pubsub(ignore_subscribe_messages=False)
         if command == "SUBSCRIBE":
-            await self._pubsub.subscribe(name)
+            await (self._pubsub.ssubscribe if self._sharded else self._pubsub.subscribe)(name)
         else:
-            await self._pubsub.unsubscribe(name)
+            await (self._pubsub.sunsubscribe if self._sharded else self._pubsub.unsubscribe)(name)
         if self._reader is None:
             self._reader = asyncio.get_running_loop().create_task(self._read(), name="lockaspect-notifier")
 
@@ -386,23 +418,30 @@ class AsyncRedisNotifier:
             except Exception as exc:  # noqa: BLE001 - any failure ends this reader
                 await self._connection_lost(pubsub, exc)
                 return
-            if message is not None:
-                await self._dispatch(message)
+            if message is not None and not await self._dispatch(message):
+                await self._connection_lost(pubsub, _SlotMoved(f"the server dropped {message['channel']!r}"))
+                return
 
-    async def _dispatch(self, message: dict[str, Any]) -> None:
-        kind = message["type"]
-        kind = kind.encode() if isinstance(kind, str) else kind
-        name = message["channel"]
+    async def _dispatch(self, message: dict[str, Any]) -> bool:
+        """See :meth:`RedisNotifier._dispatch`."""
+        kind, name = _kind(message)
         if kind == b"message":
             for waiter in self._table.message(name, time.monotonic()):
                 waiter.wake()
+        elif kind == b"unsubscribe" and self._sharded and not self._table.expects(name, kind):
+            return False
         elif kind in (b"subscribe", b"unsubscribe") and self._table.reply(kind, name):
             async with self._changed:
                 self._changed.notify_all()
+        return True
 
     async def _connection_lost(self, pubsub: Any, exc: BaseException) -> None:
         if self._pubsub is pubsub:
-            if isinstance(exc, ResponseError):
+            if isinstance(exc, (AskError, _SlotMoved)):
+                log.info("release notifications of a moved slot, subscribing again: %s", exc)
+                if self._on_moved is not None:
+                    self._on_moved()
+            elif isinstance(exc, ResponseError):
                 self._unavailable_until = time.monotonic() + UNAVAILABLE_FOR
                 log.warning("the server refuses pub/sub, waiters poll instead for %gs: %s", UNAVAILABLE_FOR, exc)
             else:

@@ -76,9 +76,15 @@ class RedisStore(_Layout):
     """
 
     def __init__(
-        self, client: redis.Redis, *, namespace: str = "lockaspect:", url: str | None = None, **options: Any
+        self,
+        client: redis.Redis,
+        *,
+        namespace: str = "lockaspect:",
+        url: str | None = None,
+        sharded: bool = False,
+        **options: Any,
     ) -> None:
-        super().__init__(namespace)
+        super().__init__(namespace, sharded=sharded)
         # Any: redis-py's command methods are only partly annotated.
         self.redis: Any = client
         self._url = url
@@ -299,7 +305,9 @@ class RedisStore(_Layout):
         self._wire.close()
         self._renew_line.close()
         self.redis.close()
-        self.redis.connection_pool.disconnect()
+        pool = getattr(self.redis, "connection_pool", None)
+        if pool is not None:
+            pool.disconnect()
 
     def reset_after_fork(self) -> None:
         # redis-py's pool notices the new pid by itself; the subscriber thread did not
@@ -313,8 +321,8 @@ class AsyncRedisStore(_Layout):
     """:class:`RedisStore` for one asyncio event loop (``redis.asyncio``). (Old name:
     ``AsyncRedisBackend``.)"""
 
-    def __init__(self, client: Any, *, namespace: str = "lockaspect:") -> None:
-        super().__init__(namespace)
+    def __init__(self, client: Any, *, namespace: str = "lockaspect:", sharded: bool = False) -> None:
+        super().__init__(namespace, sharded=sharded)
         self.redis: Any = client
         self._wire = _AsyncWire(client)
         self._notifier: AsyncRedisNotifier | None = None

@@ -5,6 +5,10 @@
 -- Every script reads before it writes: each command that can fail (TIME for a server user
 -- without +time, a command on a key holding another type, a write refused for memory) runs
 -- before the first write, or is that first write. A script that fails leaves nothing behind.
+--
+-- Wake-ups are published with 'PUBLISH'; a Redis Cluster store loads every script with
+-- 'SPUBLISH' in its place (sharded pub/sub: the channel shares the lock's hash tag, so it is
+-- in the slot of the script's keys, and only that slot's primary delivers it).
 
 -- Redis 6.2 with "lua-replicate-commands no" replicates a script verbatim and then refuses a
 -- write after TIME; effects replication (this call, made before any write) lifts that. From

@@ -1,0 +1,254 @@
+"""Redis Cluster's fast path: :class:`_ClusterWire` and :class:`_AsyncClusterWire` send each
+lock command on a :class:`~._wire._Wire` (or :class:`~._async_wire._AsyncWire`) of the
+primary that serves the key's hash slot, read from redis-py's slot map.
+
+A node that does not serve the slot any more says so without running the command: ``MOVED``
+(a failover, a finished migration) refreshes the slot map and sends the command again to the
+new owner; ``ASK`` (a slot being migrated, the key already moved) sends it once to the
+importing node, behind ``ASKING``. A command that may have run (a connection error, a
+timeout) is never sent again here: the error goes up (transient), the slot map is refreshed
+before the next command, and the node's idle connections are closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from types import SimpleNamespace
+from typing import Any, TypeVar
+
+import redis
+from redis.crc import key_slot
+from redis.exceptions import AskError, ClusterError, MovedError, RedisClusterException
+
+from ._async_wire import _AsyncWire
+from ._wire import _Undo, _Wire
+
+__all__ = ["REDIRECTS", "_AsyncClusterWire", "_ClusterWire", "command_slot", "user_key_slot"]
+
+T = TypeVar("T")
+
+#: How many MOVED/ASK redirections one command follows before giving up (transiently).
+REDIRECTS = 5
+
+#: A slot map refreshed less than this many seconds ago is not refreshed again for a MOVED
+#: (many commands meet the same failover at once; one refresh serves them all).
+REFRESH_EVERY = 0.05
+
+
+def user_key_slot(key: str) -> int:
+    """The hash slot of every store key of user key ``key`` (its hash tag is the key)."""
+    return int(key_slot(key.encode()))
+
+
+def command_slot(args: tuple[object, ...]) -> int | None:
+    """The slot of a script call (``EVAL[SHA] script numkeys key ...``): its first key's
+    (all its keys share one), or ``None`` for a call without keys."""
+    if len(args) < 4 or int(str(args[2])) < 1:
+        return None
+    key = args[3]
+    return int(key_slot(key if isinstance(key, bytes) else str(key).encode()))
+
+
+def _unused() -> None:  # pragma: no cover - a pool's make_connection, never called
+    return None
+
+
+def _unrouted(exc: Exception) -> redis.ConnectionError:
+    # No primary serves the slot right now (a failover in progress): nothing was sent.
+    return redis.ConnectionError(f"no node serves the slot: {exc}")
+
+
+class _Routing:
+    """What both twins share: the slot map's clock and the redirection decisions."""
+
+    def __init__(self) -> None:
+        self._stale = False
+        self._refreshed_at = 0.0
+
+    def _due(self) -> bool:
+        return time.monotonic() - self._refreshed_at >= REFRESH_EVERY
+
+    @staticmethod
+    def _target(exc: AskError) -> tuple[str, int]:
+        return str(exc.host), int(exc.port)
+
+    @staticmethod
+    def _pick(cluster: Any, slot: int | None, to: tuple[str, int] | None) -> Any:
+        """The node for ``slot`` by the slot map, or the one a redirection named (``to``)."""
+        manager = cluster.nodes_manager
+        if to is not None:
+            node = manager.get_node(host=to[0], port=to[1])
+            if node is None:
+                raise redis.ConnectionError(f"redirected to {to[0]}:{to[1]}, a node the slot map does not list yet")
+            return node
+        if slot is None:
+            return cluster.get_random_node()
+        return manager.get_node_from_slot(slot)
+
+
+class _ClusterWire(_Routing):
+    """One :class:`_Wire` per primary, picked by the command's slot (thread-safe)."""
+
+    def __init__(self, cluster: Any) -> None:
+        super().__init__()
+        self._cluster = cluster
+        self._wires: dict[str, _Wire] = {}
+        self._mutex = threading.Lock()
+
+    def call(self, packed: bytes, args: tuple[object, ...], undo: _Undo | None = None) -> Any:
+        return self._routed(args, lambda wire, asking: wire.call(packed, args, undo, asking))
+
+    def call_then(
+        self, packed: bytes, args: tuple[object, ...], then: tuple[bytes, ...], undo: _Undo | None = None
+    ) -> tuple[Any, Any]:
+        return self._routed(args, lambda wire, asking: wire.call_then(packed, args, then, undo, asking))
+
+    def _routed(self, args: tuple[object, ...], send: Callable[[_Wire, bool], T]) -> T:
+        slot = command_slot(args)
+        to: tuple[str, int] | None = None
+        asking = False
+        for _ in range(REDIRECTS):
+            if self._stale:
+                self.refresh()
+            node = self._node(slot, to)
+            wire = self._wire(node)
+            try:
+                return send(wire, asking)
+            except AskError as exc:  # also MovedError: the node did not run the command
+                to, asking = self._target(exc), not isinstance(exc, MovedError)
+                if not asking:
+                    wire.close_idle()
+                    self.refresh()
+            except (redis.ConnectionError, redis.TimeoutError, OSError):
+                wire.close_idle()
+                self._stale = True
+                raise
+        raise ClusterError(f"the slot {slot} was redirected {REDIRECTS} times in a row")
+
+    def _node(self, slot: int | None, to: tuple[str, int] | None) -> Any:
+        try:
+            return self._pick(self._cluster, slot, to)
+        except RedisClusterException as exc:
+            self._stale = True
+            raise _unrouted(exc) from exc
+
+    def _wire(self, node: Any) -> _Wire:
+        wire = self._wires.get(node.name)
+        if wire is None:
+            with self._mutex:
+                wire = self._wires.get(node.name)
+                if wire is None:
+                    wire = self._wires[node.name] = _Wire(self._cluster.get_redis_connection(node))
+        return wire
+
+    def refresh(self) -> None:
+        """Read the slot map again (once per :data:`REFRESH_EVERY` however many callers ask)."""
+        with self._mutex:
+            self._stale = False
+            if not self._due():
+                return
+            self._refreshed_at = time.monotonic()
+        try:
+            self._cluster.nodes_manager.initialize()
+        except (redis.RedisError, RedisClusterException, OSError):
+            self._stale = True  # every node unreachable for now: try again at the next command
+
+    def nodes(self) -> list[str]:
+        return list(self._wires)
+
+    def close(self) -> None:
+        with self._mutex:
+            wires, self._wires = self._wires, {}
+        for wire in wires.values():
+            wire.close()
+
+    def _after_fork(self) -> None:
+        self._wires = {}
+        self._mutex = threading.Lock()
+
+
+class _AsyncClusterWire(_Routing):
+    """:class:`_ClusterWire` for one event loop (``redis.asyncio.cluster.RedisCluster``)."""
+
+    def __init__(self, cluster: Any) -> None:
+        super().__init__()
+        self._cluster = cluster
+        self._wires: dict[str, _AsyncWire] = {}
+        self._refreshing: asyncio.Task[None] | None = None
+
+    async def call(self, packed: bytes, args: tuple[object, ...], undo: _Undo | None = None) -> Any:
+        return await self._routed(args, lambda wire, asking: wire.call(packed, args, undo, asking))
+
+    async def call_then(
+        self, packed: bytes, args: tuple[object, ...], then: tuple[bytes, ...], undo: _Undo | None = None
+    ) -> tuple[Any, Any]:
+        return await self._routed(args, lambda wire, asking: wire.call_then(packed, args, then, undo, asking))
+
+    async def _routed(self, args: tuple[object, ...], send: Callable[[_AsyncWire, bool], Awaitable[T]]) -> T:
+        slot = command_slot(args)
+        to: tuple[str, int] | None = None
+        asking = False
+        if getattr(self._cluster, "_initialize", False):
+            await self._cluster.initialize()  # an asyncio cluster client reads its slot map on first use
+        for _ in range(REDIRECTS):
+            if self._stale:
+                await self.refresh()
+            try:
+                node = self._pick(self._cluster, slot, to)
+            except (RedisClusterException, KeyError) as exc:
+                self._stale = True
+                raise _unrouted(exc) from exc
+            wire = self._wire(node)
+            try:
+                return await send(wire, asking)
+            except AskError as exc:  # also MovedError
+                to, asking = self._target(exc), not isinstance(exc, MovedError)
+                if not asking:
+                    wire.close_idle()
+                    await self.refresh()
+            except (redis.ConnectionError, redis.TimeoutError, OSError):
+                wire.close_idle()
+                self._stale = True
+                raise
+        raise ClusterError(f"the slot {slot} was redirected {REDIRECTS} times in a row")
+
+    def _wire(self, node: Any) -> _AsyncWire:
+        wire = self._wires.get(node.name)
+        if wire is None:
+            # _AsyncWire makes connections from a pool's class and settings: the node's.
+            pool = SimpleNamespace(
+                connection_class=node.connection_class,
+                connection_kwargs=dict(node.connection_kwargs),
+                make_connection=_unused,
+                max_connections=node.max_connections,
+            )
+            wire = self._wires[node.name] = _AsyncWire(SimpleNamespace(connection_pool=pool, connection=None))
+        return wire
+
+    async def refresh(self) -> None:
+        """See :meth:`_ClusterWire.refresh`; concurrent callers share one refresh."""
+        self._stale = False
+        task = self._refreshing
+        if task is None or task.done():
+            if not self._due():
+                return
+            self._refreshed_at = time.monotonic()
+            task = self._refreshing = asyncio.get_running_loop().create_task(self._initialize())
+        await asyncio.shield(task)
+
+    async def _initialize(self) -> None:
+        try:
+            await self._cluster.nodes_manager.initialize()
+        except (redis.RedisError, RedisClusterException, OSError):
+            self._stale = True
+
+    def nodes(self) -> list[str]:
+        return list(self._wires)
+
+    async def close(self) -> None:
+        wires, self._wires = self._wires, {}
+        for wire in wires.values():
+            await wire.close()
