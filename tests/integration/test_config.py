@@ -378,7 +378,9 @@ class TestClientConstruction:
     )
     def test_unsupported_scheme(self, url: str) -> None:
         """A URL whose scheme is not redis, rediss or unix is a ``ConfigurationError`` naming the allowed ones."""
-        with pytest.raises(ConfigurationError, match=r"redis://, redis\+cluster://, redis\+sentinel://, rediss://, .*unix://"):
+        with pytest.raises(
+            ConfigurationError, match=r"redis://, redis\+cluster://, redis\+sentinel://, rediss://, .*unix://"
+        ):
             LockClient.from_url(url)
 
     def test_url_of_the_wrong_type(self) -> None:

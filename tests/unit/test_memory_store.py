@@ -155,7 +155,10 @@ def test_memory_url_errors() -> None:
         open_store("memory://", socket_timeout=1.0)
     with pytest.raises(ConfigurationError, match="memory://<name>"):
         open_store("memory://x/y")
-    with pytest.raises(ConfigurationError, match=r"memory://, postgres://, .*redis://, redis\+cluster://, redis\+sentinel://, rediss://, .*sqlite://, unix://"):
+    schemes = (
+        r"memory://, postgres://, .*redis://, redis\+cluster://, redis\+sentinel://, rediss://, .*sqlite://, unix://"
+    )
+    with pytest.raises(ConfigurationError, match=schemes):
         open_store("nosuch://x")
     with pytest.raises(ConfigurationError):
         LockClient.from_url("memory://", wait_replicas=(1, 0.5))

@@ -16,6 +16,9 @@ from ._wire import ASKING, DRAIN_FOR, _connection_factory, _peer, _return_token_
 __all__ = ["_AsyncWire", "_run_async", "_run_async_then"]
 
 
+#: Sent behind a batch, so that every reply of the batch, errors included, is returned.
+_PING = _packed((b"PING",))
+
 #: Above this many buffered bytes an async lock command waits for the socket to drain.
 _WRITE_HIGH_WATER = 64 * 1024
 
@@ -93,6 +96,13 @@ class _AsyncWire:
         if isinstance(first, ResponseError):
             raise first
         return first, second
+
+    async def batch(self, frame: bytes, count: int) -> list[Any]:
+        """Write ``frame`` (``count`` commands) and read every reply, an error reply as an
+        exception (a renewal batch: nothing to undo)."""
+        connection = await self._checkout()
+        replies: list[Any] = await self._round_trip(connection, (frame, _PING), count + 1, None)
+        return replies[:-1]
 
     async def _round_trip(self, connection: Any, frames: tuple[bytes, ...], count: int, undo: _Undo | None) -> Any:
         """Write ``frames`` (no await: nothing can interrupt it) and read ``count`` replies (an

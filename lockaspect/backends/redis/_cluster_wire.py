@@ -24,9 +24,18 @@ from redis.crc import key_slot
 from redis.exceptions import AskError, ClusterError, MovedError, RedisClusterException
 
 from ._async_wire import _AsyncWire
-from ._wire import _Undo, _Wire
+from ._script import _pack_any
+from ._wire import _Line, _Undo, _Wire
 
-__all__ = ["REDIRECTS", "_AsyncClusterWire", "_ClusterWire", "command_slot", "user_key_slot"]
+__all__ = [
+    "REDIRECTS",
+    "_AsyncClusterLine",
+    "_AsyncClusterWire",
+    "_ClusterLine",
+    "_ClusterWire",
+    "command_slot",
+    "user_key_slot",
+]
 
 T = TypeVar("T")
 
@@ -128,6 +137,12 @@ class _ClusterWire(_Routing):
                 raise
         raise ClusterError(f"the slot {slot} was redirected {REDIRECTS} times in a row")
 
+    def node(self, slot: int | None) -> Any:
+        """The primary serving ``slot`` now (by the slot map, read again first if stale)."""
+        if self._stale:
+            self.refresh()
+        return self._node(slot, None)
+
     def _node(self, slot: int | None, to: tuple[str, int] | None) -> Any:
         try:
             return self._pick(self._cluster, slot, to)
@@ -215,6 +230,18 @@ class _AsyncClusterWire(_Routing):
                 raise
         raise ClusterError(f"the slot {slot} was redirected {REDIRECTS} times in a row")
 
+    async def node(self, slot: int | None) -> Any:
+        """See :meth:`_ClusterWire.node`."""
+        if getattr(self._cluster, "_initialize", False):
+            await self._cluster.initialize()
+        if self._stale:
+            await self.refresh()
+        try:
+            return self._pick(self._cluster, slot, None)
+        except (RedisClusterException, KeyError) as exc:
+            self._stale = True
+            raise _unrouted(exc) from exc
+
     def _wire(self, node: Any) -> _AsyncWire:
         wire = self._wires.get(node.name)
         if wire is None:
@@ -252,3 +279,100 @@ class _AsyncClusterWire(_Routing):
         wires, self._wires = self._wires, {}
         for wire in wires.values():
             await wire.close()
+
+
+class _ClusterLine:
+    """The renewals' round trip on a cluster: the commands grouped by the primary serving
+    each one's slot, written to every primary (on a :class:`_Line` of its own) before any
+    reply is read: one round trip per primary, all at once. A primary that fails answers its
+    commands with the error (those leases are retried at the next tick, the others are not
+    held up); a command redirected (``MOVED``/``ASK``) goes again on its own through the
+    cluster wire. Called from one thread at a time (the watchdog)."""
+
+    def __init__(self, cluster: Any, wire: _ClusterWire) -> None:
+        self._cluster = cluster
+        self._wire = wire
+        self._lines: dict[str, _Line] = {}
+
+    def round_trip(self, commands: list[tuple[object, ...]]) -> list[Any]:
+        replies: list[Any] = [None] * len(commands)
+        groups: dict[str, tuple[Any, list[int]]] = {}
+        for i, command in enumerate(commands):
+            try:
+                node = self._wire.node(command_slot(command))
+            except redis.ConnectionError as exc:
+                replies[i] = exc
+                continue
+            groups.setdefault(node.name, (node, []))[1].append(i)
+        sent: list[tuple[_Line, list[int]]] = []
+        for name, (node, indexes) in groups.items():
+            line = self._lines.get(name)
+            if line is None:
+                line = self._lines[name] = _Line(self._cluster.get_redis_connection(node))
+            try:
+                line.send([commands[i] for i in indexes])
+                sent.append((line, indexes))
+            except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+                self._failed(indexes, replies, exc)
+        for line, indexes in sent:
+            try:
+                for i, reply in zip(indexes, line.receive(len(indexes)), strict=True):
+                    replies[i] = reply
+            except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+                self._failed(indexes, replies, exc)
+        for i, reply in enumerate(replies):
+            if isinstance(reply, AskError):
+                try:
+                    replies[i] = self._wire.call(_pack_any(commands[i]), commands[i])
+                except (redis.RedisError, OSError) as exc:
+                    replies[i] = exc
+        return replies
+
+    def _failed(self, indexes: list[int], replies: list[Any], exc: Exception) -> None:
+        self._wire._stale = True
+        for i in indexes:
+            replies[i] = exc
+
+    def close(self) -> None:
+        lines, self._lines = self._lines, {}
+        for line in lines.values():
+            line.close()
+
+
+class _AsyncClusterLine:
+    """:class:`_ClusterLine` for one event loop: one batch per primary on the primaries'
+    wires, all in flight at once."""
+
+    def __init__(self, wire: _AsyncClusterWire) -> None:
+        self._wire = wire
+
+    async def round_trip(self, commands: list[tuple[object, ...]]) -> list[Any]:
+        replies: list[Any] = [None] * len(commands)
+        groups: dict[str, tuple[Any, list[int]]] = {}
+        for i, command in enumerate(commands):
+            try:
+                node = await self._wire.node(command_slot(command))
+            except redis.ConnectionError as exc:
+                replies[i] = exc
+                continue
+            groups.setdefault(node.name, (node, []))[1].append(i)
+        batches = [
+            self._wire._wire(node).batch(b"".join(_pack_any(commands[i]) for i in indexes), len(indexes))
+            for node, indexes in groups.values()
+        ]
+        results = await asyncio.gather(*batches, return_exceptions=True)
+        for (_, indexes), result in zip(groups.values(), results, strict=True):
+            if isinstance(result, BaseException):
+                if not isinstance(result, Exception) or isinstance(result, asyncio.CancelledError):
+                    raise result
+                self._wire._stale = True
+                result = [result] * len(indexes)
+            for i, reply in zip(indexes, result, strict=True):
+                replies[i] = reply
+        for i, reply in enumerate(replies):
+            if isinstance(reply, AskError):
+                try:
+                    replies[i] = await self._wire.call(_pack_any(commands[i]), commands[i])
+                except (redis.RedisError, OSError) as exc:
+                    replies[i] = exc
+        return replies

@@ -12,9 +12,11 @@ from typing import Any
 import redis
 import redis.asyncio
 from redis.backoff import NoBackoff
+from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
-from ...errors import ConfigurationError
+from ...errors import BackendError, ConfigurationError
+from ..base import redacted
 from ._client import DEFAULT_SOCKET_TIMEOUT
 from ._topology import TopologyURL, check_topology_options, parse_topology_url
 
@@ -82,8 +84,15 @@ def open_cluster_store(url: str, *, namespace: str = "lockaspect:", **options: A
     _check_namespace(namespace)
     from .cluster import ClusterStore
 
+    try:
+        cluster = _cluster(parsed, options, asyncio=False)
+    except (redis.RedisError, RedisClusterException, OSError) as exc:
+        # redis-py's cluster client reads the slot map as it is built.
+        raise BackendError(
+            f"cannot reach the Redis Cluster of {redacted(url)!r}: {type(exc).__name__}: {exc}", transient=True
+        ) from exc
     return ClusterStore(
-        _cluster(parsed, options, asyncio=False),
+        cluster,
         namespace=namespace,
         twin=lambda: _cluster(parsed, options, asyncio=True),
         describe=url,

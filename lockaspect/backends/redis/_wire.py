@@ -298,21 +298,34 @@ class _Line:
             for command in commands:
                 pipe.execute_command(*command)
             return list(pipe.execute(raise_on_error=False))
+        self.send(commands)
+        return self.receive(len(commands))
+
+    def send(self, commands: list[tuple[object, ...]]) -> None:
+        """Write ``commands`` at once (their replies are read by :meth:`receive`)."""
         connection = self._connection
         if connection is None:
-            connection = self._connection = self._make()
+            connection = self._connection = self._make()  # type: ignore[misc]
         try:
             if getattr(connection, "_sock", True) is None:
                 connection.connect()  # see _Wire._round_trip
             connection.send_packed_command([b"".join(_pack_any(command) for command in commands)], check_health=False)
-            replies: list[Any] = []
-            for _ in commands:
+        except BaseException:
+            connection.disconnect()  # reconnects on the next round trip
+            raise
+
+    def receive(self, count: int) -> list[Any]:
+        """The replies of the last :meth:`send`, an error reply as an exception."""
+        connection = self._connection
+        replies: list[Any] = []
+        try:
+            for _ in range(count):
                 try:
                     replies.append(connection.read_response(disconnect_on_error=False))
                 except ResponseError as exc:
                     replies.append(exc)
         except BaseException:
-            connection.disconnect()  # reconnects on the next round trip
+            connection.disconnect()
             raise
         return replies
 

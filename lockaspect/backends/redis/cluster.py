@@ -27,7 +27,7 @@ from ..base import AcquireResult, RenewItem, redacted
 from ._admin import SCAN_COUNT, held_candidates, held_flags, held_new, scan_match
 from ._client import map_redis_error
 from ._cluster_notify import AsyncClusterNotifier, ClusterNotifier
-from ._cluster_wire import _AsyncClusterWire, _ClusterWire, user_key_slot
+from ._cluster_wire import _AsyncClusterLine, _AsyncClusterWire, _ClusterLine, _ClusterWire, user_key_slot
 from ._renewal import renew_error, renewal
 from .store import AsyncRedisStore, RedisStore
 
@@ -56,25 +56,6 @@ def _cluster_error(exc: RedisClusterException) -> redis.ConnectionError:
     return redis.ConnectionError(f"{type(exc).__name__}: {exc}")
 
 
-class _ClusterLine:
-    """The renewals' round trip: one cluster pipeline (one write per primary)."""
-
-    def __init__(self, cluster: Any) -> None:
-        self._cluster = cluster
-
-    def round_trip(self, commands: list[tuple[object, ...]]) -> list[Any]:
-        pipe = self._cluster.pipeline(transaction=False)
-        for command in commands:
-            pipe.execute_command(*command)
-        try:
-            return list(pipe.execute(raise_on_error=False))
-        except RedisClusterException as exc:
-            raise _cluster_error(exc) from exc
-
-    def close(self) -> None:
-        pass
-
-
 class ClusterStore(RedisStore):
     """A lock store on a Redis or Valkey Cluster (7.0 or newer for sharded wake-ups; 6.2
     polls), every lock kind, built from a ``redis.cluster.RedisCluster``.
@@ -100,8 +81,9 @@ class ClusterStore(RedisStore):
         describe: str = "a redis-py RedisCluster",
     ) -> None:
         super().__init__(cluster, namespace=namespace, sharded=True)
-        self._wire = _ClusterWire(cluster)  # type: ignore[assignment]
-        self._renew_line = _ClusterLine(cluster)  # type: ignore[assignment]
+        self._cluster_wire = _ClusterWire(cluster)
+        self._wire = self._cluster_wire  # type: ignore[assignment]
+        self._renew_line = _ClusterLine(cluster, self._cluster_wire)  # type: ignore[assignment]
         self._twin = twin
         self._describe = describe
 
@@ -161,6 +143,9 @@ class ClusterStore(RedisStore):
                 pass
 
     def renew(self, leases: Sequence[RenewItem]) -> list[bool | None]:
+        """Renew ``leases``: one script call per slot (per :data:`RENEW_CHUNK` items), all of a
+        primary's in one write, every primary's written before any reply is read. A primary
+        that fails leaves only its own leases unrenewed (``None``: retried at the next tick)."""
         return super().renew(leases)
 
     def held_keys(self, pattern: str = "*") -> Iterator[str]:
@@ -204,8 +189,8 @@ class ClusterStore(RedisStore):
 
     def reset_after_fork(self) -> None:
         super().reset_after_fork()
-        self._renew_line = _ClusterLine(self.redis)  # type: ignore[assignment]
-        self._wire._after_fork()
+        self._renew_line = _ClusterLine(self.redis, self._cluster_wire)  # type: ignore[assignment]
+        self._cluster_wire._after_fork()
 
 
 def _by_slot(found: list[tuple[str, bytes]]) -> list[list[tuple[str, bytes]]]:
@@ -222,7 +207,9 @@ class AsyncClusterStore(AsyncRedisStore):
 
     def __init__(self, cluster: Any, *, namespace: str = "lockaspect:") -> None:
         super().__init__(cluster, namespace=namespace, sharded=True)
-        self._wire = _AsyncClusterWire(cluster)  # type: ignore[assignment]
+        wire = _AsyncClusterWire(cluster)
+        self._wire = wire  # type: ignore[assignment]
+        self._renew_line = _AsyncClusterLine(wire)
 
     async def multi_acquire(
         self, keys: Sequence[str], token: str, lease: float, waiter: str | None = None
@@ -251,23 +238,19 @@ class AsyncClusterStore(AsyncRedisStore):
                 pass
 
     async def renew(self, leases: Sequence[RenewItem]) -> list[bool | None]:
+        """See :meth:`ClusterStore.renew`: one batch per primary, all in flight at once."""
         if not leases:
             return []
         steps = renewal(self, leases)
         try:
             commands = next(steps)
             while True:
-                pipe = self.redis.pipeline(transaction=False)
-                for command in commands:
-                    pipe.execute_command(*command)
-                commands = steps.send(await pipe.execute(raise_on_error=False))
+                commands = steps.send(await self._renew_line.round_trip(commands))
         except StopIteration as done:
             statuses: list[bool | None] = done.value
             return statuses
         except RedisError as exc:
             raise renew_error(exc, leases) from exc
-        except RedisClusterException as exc:
-            raise renew_error(_cluster_error(exc), leases) from exc
 
     async def held_keys(self, pattern: str = "*") -> AsyncIterator[str]:
         match = scan_match(self.namespace, pattern)

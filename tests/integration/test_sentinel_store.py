@@ -1,0 +1,141 @@
+"""The Sentinel store on a real master, replica and 3 sentinels (the session's
+``valkey_sentinel``): URLs, the constructor from a user's ``Sentinel``, the asyncio twin,
+``wait_replicas`` and wake-ups. Failovers are in tests/topologies/."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis.sentinel
+
+from lockaspect import LockClient, LockNotAcquired, NotReplicated
+from lockaspect.backends.redis.sentinel import AsyncSentinelStore, SentinelStore
+from lockaspect.testing import ValkeySentinel
+
+BOUND = 30.0  # a deadlock guard, not a speed expectation
+
+
+@pytest.fixture
+def namespace() -> str:
+    return f"t-{uuid.uuid4().hex[:10]}:"
+
+
+@pytest.fixture
+def make_client(valkey_sentinel: ValkeySentinel, namespace: str) -> Iterator[Callable[..., LockClient]]:
+    made: list[LockClient] = []
+
+    def make(**options: Any) -> LockClient:
+        client = LockClient.from_url(valkey_sentinel.url, namespace=namespace, **options)
+        made.append(client)
+        return client
+
+    yield make
+    for client in made:
+        client.close()
+
+
+def test_locks_live_on_the_master(make_client: Callable[..., LockClient], valkey_sentinel: ValkeySentinel) -> None:
+    client = make_client()
+    assert isinstance(client.backend, SentinelStore)
+    assert "redis+sentinel://" in repr(client.backend)
+    assert "mymaster" in repr(client.backend)
+    master = valkey_sentinel.master.client()
+    with client.lock("order:1") as lease:
+        assert master.exists(client.backend.lock_key("order:1")) == 1
+        assert lease.fencing_token > 0
+    assert master.exists(client.backend.lock_key("order:1")) == 0
+
+
+def test_a_db_in_the_url(valkey_sentinel: ValkeySentinel, namespace: str) -> None:
+    client = LockClient.from_url(valkey_sentinel.url + "/3", namespace=namespace)
+    try:
+        with client.lock("in-db-3"):
+            assert valkey_sentinel.master.client(db=3).exists(client.backend.lock_key("in-db-3")) == 1
+    finally:
+        client.close()
+
+
+def test_from_sentinel_sync_and_async(valkey_sentinel: ValkeySentinel, namespace: str) -> None:
+    sentinel = redis.sentinel.Sentinel(valkey_sentinel.sentinel_addrs, socket_timeout=2.0)
+    client = LockClient(SentinelStore.from_sentinel(sentinel, valkey_sentinel.service, namespace=namespace))
+    other = LockClient(SentinelStore.from_sentinel(sentinel, valkey_sentinel.service, namespace=namespace))
+    try:
+        with client.lock("order:2"), pytest.raises(LockNotAcquired), other.lock("order:2", wait=0):
+            pass
+
+        async def main() -> None:
+            twin = client.backend.asyncio_twin()
+            assert isinstance(twin, AsyncSentinelStore)
+            await twin.aclose()
+            async with client.lock("order:3") as lease:
+                assert lease.fencing_token > 0
+                with pytest.raises(LockNotAcquired):
+                    async with other.lock("order:3", wait=0):
+                        pass
+
+        asyncio.run(main())
+    finally:
+        client.close()
+        other.close()
+        for connection in sentinel.sentinels:
+            connection.close()
+
+
+def test_wait_replicas(valkey_sentinel: ValkeySentinel, namespace: str) -> None:
+    """WAIT behind each acquisition counts the master's replica; asking for more fails."""
+    enough = LockClient.from_url(valkey_sentinel.url, namespace=namespace, wait_replicas=(1, 1.0))
+    too_many = LockClient.from_url(valkey_sentinel.url, namespace=namespace, wait_replicas=(2, 0.2))
+    try:
+        with enough.lock("replicated"):
+            pass
+        with pytest.raises(NotReplicated), too_many.lock("replicated"):
+            pass
+
+        async def main() -> None:
+            async with enough.lock("replicated-async"):
+                pass
+
+        asyncio.run(main())
+    finally:
+        enough.close()
+        too_many.close()
+
+
+def test_a_release_wakes_a_waiter(make_client: Callable[..., LockClient]) -> None:
+    holder, waiter = make_client(), make_client()
+    got = threading.Event()
+
+    def wait() -> None:
+        with waiter.lock("hot", wait=BOUND):
+            got.set()
+
+    with holder.lock("hot"):
+        thread = threading.Thread(target=wait)
+        thread.start()
+        assert not got.wait(0.1)
+    assert got.wait(BOUND)
+    thread.join(BOUND)
+
+
+def test_the_master_is_asked_before_renewals(
+    make_client: Callable[..., LockClient], valkey_sentinel: ValkeySentinel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The watchdog's renewals ask the sentinels who the master is (at most once a second)."""
+    client = make_client(watchdog_lease=0.5, tick=0.05)
+    store = client.backend
+    asked = threading.Event()
+    original = store.redis.connection_pool.get_master_address
+
+    def spy() -> Any:
+        asked.set()
+        return original()
+
+    monkeypatch.setattr(store.redis.connection_pool, "get_master_address", spy)
+    with client.lock("renewed"):
+        assert asked.wait(BOUND)
+    assert store._follow.master == ("127.0.0.1", valkey_sentinel.master.port)
