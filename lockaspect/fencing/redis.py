@@ -46,7 +46,14 @@ class RedisFence(_Fence):
         namespace: Prefix of the resource keys and their high-water marks.
 
     Each resource ``name`` is stored at ``<namespace>{<name>}`` with its high-water mark at
-    ``<namespace>{<name>}:fence`` (one hash tag, so one Redis Cluster slot).
+    ``<namespace>{<name>}:fence``, and the script takes exactly those two keys. On Redis
+    Cluster they must hash to one slot, and they do whenever ``name`` is not empty and does
+    not start with ``}``: both keys then have the hash tag ``{<name>}`` (``fenced:{ledger:7}``
+    and ``fenced:{ledger:7}:fence`` are both in the slot of ``ledger:7``). An empty name, or
+    one starting with ``}``, makes the tag empty, Redis hashes the whole key, and the two
+    keys land in different slots (redis-py raises ``RedisClusterException``). A rendered lock
+    key is always a safe name: it never contains braces. ``redis`` may be a
+    ``redis.cluster.RedisCluster`` (``for_client`` on a Cluster store gives one).
 
     Example::
 
