@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import NoScriptError, RedisClusterException, RedisError
 
 from ..backends.redis import LuaScript, map_redis_error
 
@@ -84,7 +84,7 @@ class RedisFence(_Fence):
         key = self.key(resource)
         try:
             reply = self._script(self.redis, (key, key + ":fence"), (fencing_token, value))
-        except RedisError as exc:
+        except (RedisError, RedisClusterException) as exc:
             raise map_redis_error(exc, resource, "fenced write") from exc
         return bool(reply[0] == 1)
 
@@ -92,7 +92,7 @@ class RedisFence(_Fence):
         """The current value of ``resource`` (``None`` if never written)."""
         try:
             value: bytes | None = self.redis.get(self.key(resource))
-        except RedisError as exc:
+        except (RedisError, RedisClusterException) as exc:
             raise map_redis_error(exc, resource, "read") from exc
         return value
 
@@ -100,7 +100,7 @@ class RedisFence(_Fence):
         """The newest fencing token that wrote ``resource`` (``None`` if never written)."""
         try:
             mark = self.redis.get(self.key(resource) + ":fence")
-        except RedisError as exc:
+        except (RedisError, RedisClusterException) as exc:
             raise map_redis_error(exc, resource, "read") from exc
         return None if mark is None else int(mark)
 
@@ -128,9 +128,9 @@ class AsyncRedisFence(_Fence):
             try:
                 await self.redis.script_load(self._script.source)
                 reply = await self.redis.evalsha(self._script.sha, 2, key, key + ":fence", fencing_token, value)
-            except RedisError as exc:
+            except (RedisError, RedisClusterException) as exc:
                 raise map_redis_error(exc, resource, "fenced write") from exc
-        except RedisError as exc:
+        except (RedisError, RedisClusterException) as exc:
             raise map_redis_error(exc, resource, "fenced write") from exc
         return bool(reply[0] == 1)
 
@@ -138,7 +138,7 @@ class AsyncRedisFence(_Fence):
         """:meth:`RedisFence.read`, awaited."""
         try:
             value: bytes | None = await self.redis.get(self.key(resource))
-        except RedisError as exc:
+        except (RedisError, RedisClusterException) as exc:
             raise map_redis_error(exc, resource, "read") from exc
         return value
 
@@ -146,6 +146,6 @@ class AsyncRedisFence(_Fence):
         """:meth:`RedisFence.high_water`, awaited."""
         try:
             mark = await self.redis.get(self.key(resource) + ":fence")
-        except RedisError as exc:
+        except (RedisError, RedisClusterException) as exc:
             raise map_redis_error(exc, resource, "read") from exc
         return None if mark is None else int(mark)

@@ -92,7 +92,7 @@ def make_client(valkey_cluster: ValkeyCluster, namespace: str) -> Iterator[Calla
         ("redis+cluster://h1,,h2", "empty host"),
         ("redis+cluster://h/1", "only database 0"),
         ("redis+cluster://h/0/x", "the path must be"),
-        ("redis+cluster://::1:7000", "IPv6 host is written in brackets"),
+        ("redis+cluster://::1:7000", "IPv6 host in brackets"),
         ("redis+cluster://[::1:7000", "unclosed"),
         ("redis+cluster://h?sockettimeout=1", "did you mean 'socket_timeout'"),
         ("redis+cluster://h?socket_timeout=abc", "bad value 'abc'"),

@@ -139,3 +139,46 @@ def test_the_master_is_asked_before_renewals(
     with client.lock("renewed"):
         assert asked.wait(BOUND)
     assert store._follow.master == ("127.0.0.1", valkey_sentinel.master.port)
+
+
+def _until(condition: Callable[[], bool]) -> None:
+    deadline = threading.Event()
+    for _ in range(int(BOUND / 0.01)):
+        if condition():
+            return
+        deadline.wait(0.01)
+    raise AssertionError("timed out")
+
+
+def test_a_client_follows_a_manual_failover_before_its_next_command(namespace: str) -> None:
+    """After ``SENTINEL FAILOVER`` the old master stays writable for seconds. A client that
+    holds nothing (so renews nothing) and talked to the old master before must still send its
+    next lock commands to the new master once it asks the sentinels again (at most
+    FOLLOW_EVERY later): it is refused a lock held there, never given a second copy on the
+    old master. Also from an event loop."""
+    with ValkeySentinel() as topology:
+        holder = LockClient.from_url(topology.url, namespace=namespace)
+        late = LockClient.from_url(topology.url, namespace=namespace)
+        try:
+            with late.lock("warm"):  # late's connections are on the old master now
+                pass
+            old = topology.master
+            new = topology.failover(demote_old=False)
+            assert old.client().execute_command("ROLE")[0] == b"master"  # still writable
+            with holder.lock("x") as lease:
+                assert new.client().exists(holder.backend.lock_key("x")) == 1
+                _until(late.backend._follow.due)
+                with pytest.raises(LockNotAcquired), late.lock("x", wait=0):
+                    pass
+                assert old.client().exists(late.backend.lock_key("x")) == 0
+
+                async def main() -> None:
+                    with pytest.raises(LockNotAcquired):
+                        async with late.lock("x", wait=0):
+                            pass
+
+                asyncio.run(main())
+            assert not lease.lost
+        finally:
+            holder.close()
+            late.close()

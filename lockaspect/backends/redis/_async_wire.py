@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import queue
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from redis.exceptions import NoScriptError, RedisError, ResponseError
@@ -34,7 +35,7 @@ class _AsyncWire:
     can swallow a cancellation that lands as a write completes, and the caller would then go
     on, and into its critical section, as if it had not been cancelled."""
 
-    __slots__ = ("_address", "_client", "_free", "_make", "_tasks", "_tokens", "_waiters")
+    __slots__ = ("_address", "_before", "_client", "_free", "_make", "_tasks", "_tokens", "_waiters")
 
     def __init__(self, client: Any) -> None:
         self._client = client
@@ -45,6 +46,7 @@ class _AsyncWire:
         self._waiters: list[asyncio.Future[None]] = []
         self._tasks: set[asyncio.Task[Any]] = set()
         self._address: tuple[str, int] | None = None
+        self._before: Callable[[], Awaitable[None]] | None = None
 
     async def call(
         self, packed: bytes, args: tuple[object, ...], undo: _Undo | None = None, asking: bool = False
@@ -144,6 +146,8 @@ class _AsyncWire:
         return replies
 
     async def _checkout(self) -> Any:
+        if self._before is not None:
+            await self._before()
         free = self._free
         tokens = self._tokens
         while True:

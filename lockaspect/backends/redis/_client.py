@@ -7,7 +7,7 @@ from typing import Any
 
 import redis
 from redis.backoff import NoBackoff
-from redis.exceptions import AskError, ClusterError, ResponseError
+from redis.exceptions import AskError, ClusterError, ResponseError, SlotNotCoveredError
 from redis.retry import Retry
 
 from ...errors import BackendError
@@ -24,7 +24,11 @@ def map_redis_error(exc: BaseException, key: str | None, action: str) -> Backend
     what = f" for {key!r}" if key is not None else ""
     # Connection failures and timeouts may pass (a restart, a failover); an error reply will not.
     # MOVED/ASK left over, TRYAGAIN and CLUSTERDOWN: a Redis Cluster failover or migration.
-    transient = isinstance(exc, (redis.ConnectionError, redis.TimeoutError, OSError, ClusterError, AskError)) or (
+    # Not RedisErrors: no node serves a slot right now (a failover) may pass; keys of several
+    # slots in one call will not.
+    transient = isinstance(
+        exc, (SlotNotCoveredError, redis.ConnectionError, redis.TimeoutError, OSError, ClusterError, AskError)
+    ) or (
         isinstance(exc, ResponseError)
         and str(exc).startswith(("LOADING", "BUSY", "TRYAGAIN", "MASTERDOWN", "READONLY", "CLUSTERDOWN"))
     )

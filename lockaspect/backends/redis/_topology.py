@@ -115,7 +115,7 @@ def _host(url: str, text: str, kind: str) -> tuple[str, int]:
     else:
         host, _, port_text = text.partition(":")
         if ":" in port_text:
-            raise _bad(url, f"an IPv6 host is written in brackets, as [{text}]:port")
+            raise _bad(url, f"write an IPv6 host in brackets, as in [::1]:7000 (got {text!r})")
     if not host:
         raise _bad(url, f"empty host in {text!r} (the hosts are host[:port] separated by commas)")
     if not port_text:

@@ -52,7 +52,7 @@ class _Wire:
     Redis Cluster) use ``execute_command`` instead.
     """
 
-    __slots__ = ("__weakref__", "_address", "_client", "_draining", "_free", "_make", "_tokens")
+    __slots__ = ("__weakref__", "_address", "_before", "_client", "_draining", "_free", "_make", "_tokens")
 
     def __init__(self, client: Any) -> None:
         self._client = client
@@ -61,6 +61,8 @@ class _Wire:
         self._free: list[Any] = []
         #: The server every connection must be on (Sentinel's current master), or ``None``.
         self._address: tuple[str, int] | None = None
+        #: Called before each command (Sentinel: ask who the master is, now and then).
+        self._before: Callable[[], None] | None = None
         self._tokens = _tokens(pool)
         self._draining: list[tuple[Any, float]] = []
         _wires.add(self)
@@ -118,6 +120,8 @@ class _Wire:
     def _round_trip(self, frames: tuple[bytes, ...], count: int, undo: _Undo | None) -> list[Any]:
         """Send ``frames`` in one write on a kept connection and read ``count`` replies (an
         error reply to any but the last is returned, not raised)."""
+        if self._before is not None:
+            self._before()
         if self._draining:
             self._drain()
         connection = self._checkout()

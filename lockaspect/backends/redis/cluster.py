@@ -176,6 +176,10 @@ class ClusterStore(RedisStore):
         return held
 
     def notifier(self) -> ClusterNotifier | None:  # type: ignore[override]
+        """One sharded subscriber per primary (see :mod:`._cluster_notify`); ``None`` (waiters
+        poll) with a redis-py whose ``PubSub`` has no ``ssubscribe`` (before 5.0)."""
+        if not hasattr(redis.client.PubSub, "ssubscribe"):
+            return None
         with self._notifier_lock:
             if self._closed:
                 return None
@@ -278,7 +282,11 @@ class AsyncClusterStore(AsyncRedisStore):
             held += held_new(group, flags, seen)
         return held
 
-    def notifier(self) -> AsyncClusterNotifier:  # type: ignore[override]
+    def notifier(self) -> AsyncClusterNotifier | None:  # type: ignore[override]
+        """See :meth:`ClusterStore.notifier`; ``None`` (waiters poll) with a redis-py whose
+        asyncio ``PubSub`` has no ``ssubscribe`` (before 8.0)."""
+        if not hasattr(redis.asyncio.client.PubSub, "ssubscribe"):
+            return None
         if self._notifier is None:
             self._notifier = AsyncClusterNotifier(self.redis, self.wake_channel, self._wire)  # type: ignore[assignment]
         return self._notifier  # type: ignore[return-value]

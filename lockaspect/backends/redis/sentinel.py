@@ -1,14 +1,16 @@
 """Redis Sentinel: :class:`SentinelStore` and :class:`AsyncSentinelStore`, the Redis store on
 the master that a set of sentinels names.
 
-Connections are made to the master the sentinels report when they connect. Besides, the
-store asks the sentinels who the master is at most once per :data:`FOLLOW_EVERY` seconds,
-before a renewal: when the master changed, its idle connections are closed and any other
-is closed before its next command, so that no lock command goes to a former master that
-still accepts writes (after ``SENTINEL FAILOVER`` the old master stays writable until the
-sentinels reconfigure it, ~10 s). A former master that was already turned into a replica
-answers ``READONLY``: redis-py turns that into a connection error (the command did not run),
-and the next attempt reconnects to the new master.
+Connections are made to the master the sentinels report when they connect. Besides, before
+a lock command or a renewal, the store asks the sentinels who the master is, at most once
+per :data:`FOLLOW_EVERY` seconds (one caller asks, the others go on): when the master
+changed, its idle connections are closed and any other is closed before its next command.
+So once the sentinels name a new master, this store's lock commands go to a former master
+for at most :data:`FOLLOW_EVERY` seconds more, even one that still accepts writes (after
+``SENTINEL FAILOVER`` the old master stays writable until the sentinels reconfigure it,
+~10 s). A former master that was already turned into a replica answers ``READONLY``:
+redis-py turns that into a connection error (the command did not run), and the next attempt
+reconnects to the new master.
 
 What a failover does to a held lock is decided by the new master: a lease it has (the
 acquisition had reached the replica before the failover) is renewed as before; one it does
@@ -18,6 +20,7 @@ not have is reported lost at the next renewal (``not-owner``). See docs/guarante
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -30,7 +33,8 @@ __all__ = ["FOLLOW_EVERY", "AsyncSentinelStore", "SentinelStore"]
 
 log = logging.getLogger("lockaspect.backend")
 
-#: At most this often (seconds) a renewal first asks the sentinels who the master is.
+#: At most this often (seconds) a lock command or a renewal first asks the sentinels who the
+#: master is.
 FOLLOW_EVERY = 1.0
 
 
@@ -47,15 +51,16 @@ class _Follow:
         return time.monotonic() - self.asked_at >= FOLLOW_EVERY
 
     def seen(self, address: Any) -> bool:
-        """Record the master the sentinels named; ``True`` when it changed."""
+        """Record the master the sentinels named; ``True`` when the connections must follow
+        it (it changed, or it is the first one named: a connection made before may be on a
+        former master)."""
         self.asked_at = time.monotonic()
         master = (str(address[0]), int(address[1]))
         old = self.master
-        changed = old is not None and master != old
-        if old is not None and changed:
+        if old is not None and master != old:
             log.warning("the master of %r moved from %s:%d to %s:%d", self.service, old[0], old[1], *master)
         self.master = master
-        return changed
+        return master != old
 
 
 class SentinelStore(RedisStore):
@@ -83,6 +88,8 @@ class SentinelStore(RedisStore):
     ) -> None:
         super().__init__(client, namespace=namespace)
         self._follow = _Follow(service)
+        self._asking = threading.Lock()
+        self._wire._before = self._follow_master
         self._twin = twin
         self._describe = describe or f"service {service!r}"
         self._own_sentinels = own_sentinels
@@ -116,9 +123,19 @@ class SentinelStore(RedisStore):
         return twin
 
     def renew(self, leases: Sequence[RenewItem]) -> list[bool | None]:
-        if leases and self._follow.due():
-            self._ask_sentinels()
+        if leases:
+            self._follow_master()
         return super().renew(leases)
+
+    def _follow_master(self) -> None:
+        """Ask the sentinels who the master is, when due (one thread asks; the others go on)."""
+        if not self._follow.due() or not self._asking.acquire(blocking=False):
+            return
+        try:
+            if self._follow.due():
+                self._ask_sentinels()
+        finally:
+            self._asking.release()
 
     def close(self) -> None:
         super().close()
@@ -144,18 +161,29 @@ class AsyncSentinelStore(AsyncRedisStore):
     def __init__(self, client: Any, *, service: str, namespace: str = "lockaspect:") -> None:
         super().__init__(client, namespace=namespace)
         self._follow = _Follow(service)
+        self._asking = False
+        self._wire._before = self._follow_master
 
     async def renew(self, leases: Sequence[RenewItem]) -> list[bool | None]:
-        if leases and self._follow.due():
-            try:
-                address = await self.redis.connection_pool.get_master_address()
-            except Exception as exc:  # noqa: BLE001
-                log.debug("sentinels of %r not answering: %s", self._follow.service, exc)
-                self._follow.asked_at = time.monotonic()
-            else:
-                if self._follow.seen(address):
-                    self._wire.follow(self._follow.master)
+        if leases:
+            await self._follow_master()
         return await super().renew(leases)
+
+    async def _follow_master(self) -> None:
+        """See :meth:`SentinelStore._follow_master`."""
+        if not self._follow.due() or self._asking:
+            return
+        self._asking = True
+        try:
+            address = await self.redis.connection_pool.get_master_address()
+        except Exception as exc:  # noqa: BLE001 - no master right now: the command will say so
+            log.debug("sentinels of %r not answering: %s", self._follow.service, exc)
+            self._follow.asked_at = time.monotonic()
+        else:
+            if self._follow.seen(address):
+                self._wire.follow(self._follow.master)
+        finally:
+            self._asking = False
 
     async def aclose(self) -> None:
         await super().aclose()
