@@ -350,6 +350,10 @@ def targets(results: dict[str, Any]) -> list[list[str]]:
             continue
         status = "MET" if entry[field] <= 1 else "MISSED"
         rows.append([f"renewal, {label} <= 1", f"max {entry[field]}", status, ""])
+    watchdog = renewal.get("watchdog")
+    if watchdog is not None:
+        lost = watchdog["lost"]
+        rows.append(["watchdog: no lease lost while held", f"{lost} lost", "MISSED" if lost else "MET", ""])
     return rows
 
 
