@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint typecheck unit bench bench-async bench-sql bench-zk clean
+.PHONY: demo test lint typecheck unit bench bench-async bench-sql bench-zk bench-cluster clean
 
 $(BIN)/python:
 	@$(PYTHON) .ci/bootstrap_venv.py $(VENV)
@@ -57,6 +57,10 @@ bench-sql: $(VENV)/.installed-test
 ## bench-zk: the ZooKeeper store against kazoo's Lock and the raw kazoo floors (about 3-4 minutes)
 bench-zk: $(VENV)/.installed-test
 	$(BIN)/python bench/bench_zookeeper.py
+
+## bench-cluster: the Redis Cluster store against the raw RedisCluster floor, and its renewal round trips (about 2 minutes)
+bench-cluster: $(VENV)/.installed-test
+	$(BIN)/python bench/bench_cluster.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
