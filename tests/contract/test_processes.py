@@ -10,8 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from lockaspect.testing import LockServer
-
 from .conftest import EXCLUSIVE
 
 WORKERS = 3
@@ -39,14 +37,21 @@ with LockClient.from_url(url, namespace=namespace, watchdog_lease=1.0, tick=0.05
 """
 
 
+#: The stores shared between processes, by the fixture that serves them.
+SERVERS = {"redis": "lock_server", "redis_cluster": "valkey_cluster", "redis_sentinel": "valkey_sentinel"}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", EXCLUSIVE)
-def test_processes_exclude_each_other(lock_server: LockServer, namespace: str, tmp_path: Path, kind: str) -> None:
+@pytest.mark.parametrize("server", list(SERVERS))
+def test_processes_exclude_each_other(
+    server: str, namespace: str, tmp_path: Path, kind: str, request: pytest.FixtureRequest
+) -> None:
+    """On Redis Cluster the multi-key set's two keys are in different slots (taken one by one)."""
+    url = request.getfixturevalue(SERVERS[server]).url
     marker = str(tmp_path / "inside")
     processes = [
-        subprocess.Popen(
-            [sys.executable, "-c", WORKER, lock_server.url, namespace, kind, marker], stderr=subprocess.PIPE
-        )
+        subprocess.Popen([sys.executable, "-c", WORKER, url, namespace, kind, marker], stderr=subprocess.PIPE)
         for _ in range(WORKERS)
     ]
     failures = []
