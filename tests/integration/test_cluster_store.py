@@ -180,6 +180,15 @@ def test_from_cluster_sync_and_async(valkey_cluster: ValkeyCluster, namespace: s
         rc.close()
 
 
+def test_from_cluster_refuses_a_decoding_client(valkey_cluster: ValkeyCluster) -> None:
+    rc = redis.cluster.RedisCluster(host="127.0.0.1", port=valkey_cluster.nodes[0].port, decode_responses=True)
+    try:
+        with pytest.raises(ConfigurationError, match="decode_responses=False"):
+            ClusterStore.from_cluster(rc)
+    finally:
+        rc.close()
+
+
 # -- slots and renewal --
 
 

@@ -90,8 +90,19 @@ class ClusterStore(RedisStore):
     @classmethod
     def from_cluster(cls, cluster: Any, *, namespace: str = "lockaspect:") -> ClusterStore:
         """A store on a ``RedisCluster`` you built; its asyncio twin connects to the same
-        startup nodes with the same options."""
+        startup nodes with the same options.
+
+        Raises:
+            ConfigurationError: the client decodes replies (``decode_responses=True``): the
+                store reads raw replies.
+        """
         from ._topology_clients import async_cluster_like
+
+        if cluster.nodes_manager.connection_kwargs.get("decode_responses"):
+            raise ConfigurationError(
+                "ClusterStore.from_cluster needs a RedisCluster built with decode_responses=False "
+                "(the store reads raw replies)"
+            )
 
         return cls(cluster, namespace=namespace, twin=lambda: async_cluster_like(cluster))
 
