@@ -288,12 +288,13 @@ class _Line:
     written at once, their replies read in order. Never shared, never pooled: nothing else
     can hold it up or use it up."""
 
-    __slots__ = ("_client", "_connection", "_make")
+    __slots__ = ("_address", "_client", "_connection", "_make")
 
     def __init__(self, client: Any) -> None:
         self._client = client
         self._make = _connection_factory(client, getattr(client, "connection_pool", None))
         self._connection: Any = None
+        self._address: tuple[str, int] | None = None
 
     def round_trip(self, commands: list[tuple[object, ...]]) -> list[Any]:
         """Send ``commands``, return one reply (or error reply, as an exception) per command."""
@@ -311,6 +312,8 @@ class _Line:
         if connection is None:
             connection = self._connection = self._make()  # type: ignore[misc]
         try:
+            if self._address is not None and connection._sock is not None and _peer(connection) != self._address:
+                connection.disconnect()  # on a former master: reconnect to the current one
             if getattr(connection, "_sock", True) is None:
                 connection.connect()  # see _Wire._round_trip
             connection.send_packed_command([b"".join(_pack_any(command) for command in commands)], check_health=False)
@@ -332,6 +335,11 @@ class _Line:
             connection.disconnect()
             raise
         return replies
+
+    def follow(self, address: tuple[str, int] | None) -> None:
+        """Reconnect, before the next batch, if not connected to ``address`` (see
+        :meth:`_Wire.follow`); safe from another thread than the line's own."""
+        self._address = address
 
     def close(self) -> None:
         connection, self._connection = self._connection, None

@@ -152,7 +152,7 @@ class SentinelStore(RedisStore):
             return
         if self._follow.seen(address):
             self._wire.follow(self._follow.master)
-            self._renew_line.close()
+            self._renew_line.follow(self._follow.master)
 
 
 class AsyncSentinelStore(AsyncRedisStore):
