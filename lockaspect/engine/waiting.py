@@ -156,6 +156,11 @@ class Waiting:
     def step(self, now: float, closed: bool, active: bool) -> int:
         """The next step, or raise: the wait ran out, or the client closed. ``active``: the
         subscription is confirmed now (a notifier whose connection failed loses it)."""
+        if self.subscribed and not active:
+            # A confirmed subscription was lost (the notifier's connection, or its channel's
+            # Redis Cluster slot moved to another primary): listen again.
+            self.has_sub = False
+            self.watched = None
         self.subscribed = active
         self.now = now
         if self._next == ATTEMPT:

@@ -129,30 +129,12 @@ def key_on(cluster: ValkeyCluster, base: str, wanted: Callable[[ValkeyNode], boo
     raise AssertionError("no key found on the wanted primary")  # pragma: no cover
 
 
-DEFAULT_NODE_BUG = (
-    "The renewals never follow the promotion when the killed primary is the client's redis-py "
-    "*default node* (the primary of slot 0 after every slot-map read). ClusterStore renews with a "
-    "redis-py ClusterPipeline (cluster.py, _ClusterLine.round_trip); for every EVALSHA the "
-    "pipeline asks the default node for the command's keys (ClusterPipeline._send_cluster_commands "
-    "-> RedisCluster._get_command_keys -> CommandsParser._get_moveable_keys: COMMAND GETKEYS, "
-    "EVALSHA has movable keys). That ConnectionError is raised outside the branch that calls "
-    "nodes_manager.initialize() / replace_default_node(), so the slot map and the default node "
-    "are never refreshed: every renewal fails ('Error 111 connecting to <dead port>') until the "
-    "lease ends and the holder is told 'expired', although the promoted replica still has the "
-    "key; the release then fails the same way (the wire's map was never marked stale). "
-    "Suggested fix: route each renewal script to its slot's node explicitly "
-    "(pipe.execute_command(*command, target_nodes=nodes_manager.get_node_from_slot(slot)), "
-    "or the store's own _ClusterWire per primary), and on a connection error of the renewal "
-    "round trip mark the wire stale and refresh the slot map (which also resets the default node)."
-)
-
-
 class TestKilledPrimary:
     @pytest.mark.parametrize(
         "victim",
         [
             "another-primary",
-            pytest.param("default-node", marks=pytest.mark.xfail(strict=True, reason=DEFAULT_NODE_BUG)),
+            "default-node",
         ],
     )
     def test_the_holder_keeps_the_lock_or_is_told_and_a_blocked_waiter_gets_it_after(
@@ -215,21 +197,6 @@ class TestKilledPrimary:
         )
 
 
-RESUBSCRIBE_BUG = (
-    "A waiter whose sharded subscription the failover dropped never subscribes again for the "
-    "rest of its wait: it polls instead (it still gets the lock, every ~1 s). The notifier does "
-    "its part (notify.py logs 'release notifications of a moved slot, subscribing again' and "
-    "wakes its waiters; the slot map is marked stale), but engine/waiting.py Waiting.step only "
-    "asks to LISTEN while `not self.has_sub`, and has_sub is set by listened() and never reset "
-    "when the subscription turns inactive (step() gets active=False and just pauses, polling). "
-    "So _cluster_notify's promise ('the waiters subscribe again on the new primary') does not "
-    "hold, and PUBSUB SHARDCHANNELS on the new primary stays empty while the waiter waits. "
-    "Suggested fix: in Waiting.step, when a single-key waiter had a subscription (has_sub) and "
-    "it is no longer active, reset has_sub (and subscribed) so the next step is LISTEN "
-    "(ClusterNotifier._for then picks the slot's new primary once the map is refreshed)."
-)
-
-
 class TestWakeUpsAcrossAFailover:
     def test_a_waiter_gets_the_lock_released_right_after_its_slot_failed_over(
         self, cluster: ValkeyCluster, make: Make, key: str, namespace: str
@@ -257,7 +224,6 @@ class TestWakeUpsAcrossAFailover:
         assert outcome == [True]
         assert lease.fencing_token > 0
 
-    @pytest.mark.xfail(strict=True, reason=RESUBSCRIBE_BUG)
     def test_async_a_waiter_listens_again_on_the_new_primary_and_gets_the_lock(
         self, cluster: ValkeyCluster, make: Make, key: str, namespace: str
     ) -> None:

@@ -66,6 +66,24 @@ class TestSingleKey:
         assert w.step(101.1, False, False) == PAUSE
         assert 0 < w.pause <= 10.0
 
+    def test_a_lost_subscription_is_made_again(self) -> None:
+        """The notifier lost a confirmed subscription (its connection, or a Redis Cluster slot
+        moved): the waiter listens again, once; an unconfirmed one it then gets is kept."""
+        w = waiting(notify=True)
+        assert w.step(101.0, False, False) == LISTEN
+        w.listened(True, "proc")
+        assert w.step(101.0, False, True) == ATTEMPT
+        assert not w.attempted(BUSY)
+        assert w.step(101.1, False, True) == PAUSE
+        w.paused(False)
+        assert w.step(102.0, False, False) == ATTEMPT  # woken by the loss: try first
+        assert not w.attempted(BUSY)
+        assert w.step(102.0, False, False) == LISTEN  # lost: listen again
+        w.listened(False, "proc")
+        assert w.step(102.0, False, False) == ATTEMPT
+        assert not w.attempted(BUSY)
+        assert w.step(102.1, False, False) == PAUSE  # not confirmed this time: poll, no loop
+
     def test_without_notifications_it_polls_within_the_holders_lease(self) -> None:
         w = waiting()
         assert w.step(101.0, False, False) == PAUSE

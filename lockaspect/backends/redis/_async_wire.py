@@ -9,10 +9,11 @@ import queue
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import redis
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from ._script import LuaScript, _pack_any, _packed
-from ._wire import ASKING, DRAIN_FOR, _connection_factory, _peer, _return_token_when_gone, _tokens, _Undo
+from ._wire import ASKING, DRAIN_FOR, _connection_factory, _peer, _return_token_when_gone, _tokens, _Undo, demoted
 
 __all__ = ["_AsyncWire", "_run_async", "_run_async_then"]
 
@@ -52,8 +53,7 @@ class _AsyncWire:
         self, packed: bytes, args: tuple[object, ...], undo: _Undo | None = None, asking: bool = False
     ) -> Any:
         if asking:
-            connection = await self._checkout()
-            return (await self._round_trip(connection, (ASKING, packed), 2, undo))[1]
+            return (await self._send((ASKING, packed), 2, undo))[1]
         if self._make is None:
             try:
                 return await self._client.execute_command(*args)
@@ -61,8 +61,7 @@ class _AsyncWire:
                 if undo is not None:
                     self._spawn(self._undo_apart(undo))
                 raise
-        connection = await self._checkout()
-        return (await self._round_trip(connection, (packed,), 1, undo))[0]
+        return (await self._send((packed,), 1, undo))[0]
 
     async def call_then(
         self,
@@ -74,8 +73,7 @@ class _AsyncWire:
     ) -> tuple[Any, Any]:
         """:meth:`_Wire.call_then` for one event loop."""
         if asking:
-            connection = await self._checkout()
-            first, second = (await self._round_trip(connection, (ASKING, packed, _packed(then)), 3, undo))[1:]
+            first, second = (await self._send((ASKING, packed, _packed(then)), 3, undo))[1:]
             if isinstance(first, ResponseError):
                 raise first
             return first, second
@@ -93,8 +91,7 @@ class _AsyncWire:
                 if isinstance(reply, Exception):
                     raise reply
             return replies[0], replies[1]
-        connection = await self._checkout()
-        first, second = await self._round_trip(connection, (packed, _packed(then)), 2, undo)
+        first, second = await self._send((packed, _packed(then)), 2, undo)
         if isinstance(first, ResponseError):
             raise first
         return first, second
@@ -102,11 +99,22 @@ class _AsyncWire:
     async def batch(self, frame: bytes, count: int) -> list[Any]:
         """Write ``frame`` (``count`` commands) and read every reply, an error reply as an
         exception (a renewal batch: nothing to undo)."""
-        connection = await self._checkout()
-        replies: list[Any] = await self._round_trip(connection, (frame, _PING), count + 1, None)
+        replies: list[Any] = await self._send((frame, _PING), count + 1, None)
         return replies[:-1]
 
-    async def _round_trip(self, connection: Any, frames: tuple[bytes, ...], count: int, undo: _Undo | None) -> Any:
+    async def _send(self, frames: tuple[bytes, ...], count: int, undo: _Undo | None) -> list[Any]:
+        """:meth:`_round_trip` on a connection checked out for it; sent once more when a
+        Sentinel master turned replica refused it (see :meth:`_Wire._round_trip`)."""
+        try:
+            return await self._round_trip(await self._checkout(), frames, count, undo)
+        except redis.ConnectionError as exc:
+            if not demoted(exc):
+                raise
+        return await self._round_trip(await self._checkout(), frames, count, undo)
+
+    async def _round_trip(
+        self, connection: Any, frames: tuple[bytes, ...], count: int, undo: _Undo | None
+    ) -> list[Any]:
         """Write ``frames`` (no await: nothing can interrupt it) and read ``count`` replies (an
         error reply to any but the last is returned, not raised)."""
         try:

@@ -7,7 +7,14 @@ from typing import Any
 
 import redis
 from redis.backoff import NoBackoff
-from redis.exceptions import AskError, ClusterError, ResponseError, SlotNotCoveredError
+from redis.exceptions import (
+    AskError,
+    ClusterError,
+    ReadOnlyError,
+    ResponseError,
+    SlotNotCoveredError,
+    TryAgainError,
+)
 from redis.retry import Retry
 
 from ...errors import BackendError
@@ -19,16 +26,26 @@ __all__ = ["DEFAULT_SOCKET_TIMEOUT", "map_redis_error", "no_retry_async_client",
 DEFAULT_SOCKET_TIMEOUT = 2.0
 
 
+#: Errors that may pass. redis-py maps LOADING, READONLY, TRYAGAIN, CLUSTERDOWN and MASTERDOWN
+#: replies to these classes and drops the prefix from the message, so they are told by class.
+_TRANSIENT = (
+    redis.ConnectionError,  # also BusyLoadingError (LOADING) and Sentinel's MasterNotFoundError
+    redis.TimeoutError,
+    OSError,
+    ClusterError,  # also ClusterDownError (CLUSTERDOWN) and MasterDownError (MASTERDOWN)
+    AskError,  # also MovedError: a redirection left over
+    TryAgainError,  # a Redis Cluster slot being migrated
+    ReadOnlyError,  # a replica: the master changed
+    SlotNotCoveredError,  # no node serves the slot right now (a failover)
+)
+
+
 def map_redis_error(exc: BaseException, key: str | None, action: str) -> BackendError:
     """The one place that turns a driver error into a :class:`BackendError`."""
     what = f" for {key!r}" if key is not None else ""
-    # Connection failures and timeouts may pass (a restart, a failover); an error reply will not.
-    # MOVED/ASK left over, TRYAGAIN and CLUSTERDOWN: a Redis Cluster failover or migration.
-    # Not RedisErrors: no node serves a slot right now (a failover) may pass; keys of several
-    # slots in one call will not.
-    transient = isinstance(
-        exc, (SlotNotCoveredError, redis.ConnectionError, redis.TimeoutError, OSError, ClusterError, AskError)
-    ) or (
+    # Connection failures and timeouts may pass (a restart, a failover); an error reply will
+    # not, but for the server states that end by themselves (BUSY: a script running too long).
+    transient = isinstance(exc, _TRANSIENT) or (
         isinstance(exc, ResponseError)
         and str(exc).startswith(("LOADING", "BUSY", "TRYAGAIN", "MASTERDOWN", "READONLY", "CLUSTERDOWN"))
     )

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 import redis
 from redis.crc import key_slot
-from redis.exceptions import AskError, ClusterError, MovedError, RedisClusterException
+from redis.exceptions import AskError, ClusterError, MovedError, RedisClusterException, TryAgainError
 
 from ._async_wire import _AsyncWire
 from ._script import _pack_any
@@ -41,6 +41,13 @@ T = TypeVar("T")
 
 #: How many MOVED/ASK redirections one command follows before giving up (transiently).
 REDIRECTS = 5
+
+#: A command answered TRYAGAIN (a script whose slot is being migrated, some of its keys moved
+#: already, or absent: the node cannot tell) did not run: it is sent again after a pause
+#: doubling from this many seconds, for at most :data:`TRYAGAIN_FOR` seconds in all (a slot's
+#: migration usually ends within milliseconds), then the error goes up (transient).
+TRYAGAIN_PAUSE = 0.01
+TRYAGAIN_FOR = 1.0
 
 #: A slot map refreshed less than this many seconds ago is not refreshed again for a MOVED
 #: (many commands meet the same failover at once; one refresh serves them all).
@@ -81,6 +88,23 @@ class _Routing:
         return time.monotonic() - self._refreshed_at >= REFRESH_EVERY
 
     @staticmethod
+    def _redirected(exc: AskError, slot: int | None, redirects: int) -> int:
+        """Count a redirection; raise once there were :data:`REDIRECTS` in a row."""
+        if redirects + 1 >= REDIRECTS:
+            raise ClusterError(f"the slot {slot} was redirected {REDIRECTS} times in a row") from exc
+        return redirects + 1
+
+    @staticmethod
+    def _pause_again(retries: int, began: float) -> float | None:
+        """How long to wait before sending again a command answered ``TRYAGAIN`` (it did not
+        run: a migration has moved some of its keys, not all), doubling from
+        :data:`TRYAGAIN_PAUSE`; ``None`` once :data:`TRYAGAIN_FOR` would be spent."""
+        pause = min(TRYAGAIN_PAUSE * 2.0 ** (retries - 1), 0.2)
+        if time.monotonic() - began + pause > TRYAGAIN_FOR:
+            return None
+        return pause
+
+    @staticmethod
     def _target(exc: AskError) -> tuple[str, int]:
         return str(exc.host), int(exc.port)
 
@@ -119,7 +143,9 @@ class _ClusterWire(_Routing):
         slot = command_slot(args)
         to: tuple[str, int] | None = None
         asking = False
-        for _ in range(REDIRECTS):
+        redirects = retries = 0
+        began = time.monotonic()
+        while True:
             if self._stale:
                 self.refresh()
             node = self._node(slot, to)
@@ -127,15 +153,22 @@ class _ClusterWire(_Routing):
             try:
                 return send(wire, asking)
             except AskError as exc:  # also MovedError: the node did not run the command
+                redirects = self._redirected(exc, slot, redirects)
                 to, asking = self._target(exc), not isinstance(exc, MovedError)
                 if not asking:
                     wire.close_idle()
                     self.refresh()
+            except TryAgainError:
+                retries += 1
+                pause = self._pause_again(retries, began)
+                if pause is None:
+                    raise
+                to, asking = None, False  # from the slot's owner again: the keys are moving
+                time.sleep(pause)
             except (redis.ConnectionError, redis.TimeoutError, OSError):
                 wire.close_idle()
                 self._stale = True
                 raise
-        raise ClusterError(f"the slot {slot} was redirected {REDIRECTS} times in a row")
 
     def node(self, slot: int | None) -> Any:
         """The primary serving ``slot`` now (by the slot map, read again first if stale)."""
@@ -208,7 +241,9 @@ class _AsyncClusterWire(_Routing):
         asking = False
         if getattr(self._cluster, "_initialize", False):
             await self._cluster.initialize()  # an asyncio cluster client reads its slot map on first use
-        for _ in range(REDIRECTS):
+        redirects = retries = 0
+        began = time.monotonic()
+        while True:
             if self._stale:
                 await self.refresh()
             try:
@@ -220,15 +255,22 @@ class _AsyncClusterWire(_Routing):
             try:
                 return await send(wire, asking)
             except AskError as exc:  # also MovedError
+                redirects = self._redirected(exc, slot, redirects)
                 to, asking = self._target(exc), not isinstance(exc, MovedError)
                 if not asking:
                     wire.close_idle()
                     await self.refresh()
+            except TryAgainError:
+                retries += 1
+                pause = self._pause_again(retries, began)
+                if pause is None:
+                    raise
+                to, asking = None, False
+                await asyncio.sleep(pause)
             except (redis.ConnectionError, redis.TimeoutError, OSError):
                 wire.close_idle()
                 self._stale = True
                 raise
-        raise ClusterError(f"the slot {slot} was redirected {REDIRECTS} times in a row")
 
     async def node(self, slot: int | None) -> Any:
         """See :meth:`_ClusterWire.node`."""

@@ -13,6 +13,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+import redis
 from redis.exceptions import RedisError, ResponseError
 
 from ._script import _pack_any, _packed
@@ -119,7 +120,18 @@ class _Wire:
 
     def _round_trip(self, frames: tuple[bytes, ...], count: int, undo: _Undo | None) -> list[Any]:
         """Send ``frames`` in one write on a kept connection and read ``count`` replies (an
-        error reply to any but the last is returned, not raised)."""
+        error reply to any but the last is returned, not raised). A Sentinel master that was
+        turned into a replica refused them (``READONLY``, which redis-py reports as a
+        connection error after dropping the connection): nothing ran, so they go once more,
+        on a connection to the master the sentinels name now."""
+        try:
+            return self._round_trip_once(frames, count, undo)
+        except redis.ConnectionError as exc:
+            if not demoted(exc):
+                raise
+        return self._round_trip_once(frames, count, undo)
+
+    def _round_trip_once(self, frames: tuple[bytes, ...], count: int, undo: _Undo | None) -> list[Any]:
         if self._before is not None:
             self._before()
         if self._draining:
@@ -402,6 +414,12 @@ def _tokens(pool: Any) -> queue.SimpleQueue[Any] | None:
 
 #: Builds the commands that undo a command in flight (called only when one failed).
 _Undo = Callable[[], list[tuple[object, ...]]]
+
+
+def demoted(exc: BaseException) -> bool:
+    """Whether ``exc`` is redis-py's report of a ``READONLY`` reply from a Sentinel master
+    turned replica (the command did not run)."""
+    return isinstance(exc, redis.ConnectionError) and str(exc) == "The previous master is now a slave"
 
 
 def _peer(connection: Any) -> tuple[str, int]:
