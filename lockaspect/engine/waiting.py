@@ -158,9 +158,10 @@ class Waiting:
         subscription is confirmed now (a notifier whose connection failed loses it)."""
         if self.subscribed and not active:
             # A confirmed subscription was lost (the notifier's connection, or its channel's
-            # Redis Cluster slot moved to another primary): listen again.
+            # Redis Cluster slot moved to another primary): listen again, then try at once (a
+            # release may have been published while nobody listened).
             self.has_sub = False
-            self.watched = None
+            self.queued = None
         self.subscribed = active
         self.now = now
         if self._next == ATTEMPT:
@@ -173,7 +174,7 @@ class Waiting:
             raise ConfigurationError("the LockClient was closed while waiting", key=self.keys[0])
         if self.multi:
             busy = self.result.busy or self.keys[0]
-            if self.notify and self.failure is None and busy != self.watched:
+            if self.notify and self.failure is None and (busy != self.watched or not self.has_sub):
                 self.listen_key, self.listen_as = busy, self.own_id
                 return LISTEN
         elif self.notify and not self.has_sub and self.failure is None:

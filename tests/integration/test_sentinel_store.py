@@ -182,3 +182,26 @@ def test_a_client_follows_a_manual_failover_before_its_next_command(namespace: s
         finally:
             holder.close()
             late.close()
+
+
+def test_the_asyncio_store_renews_on_the_master(valkey_sentinel: ValkeySentinel, namespace: str) -> None:
+    from lockaspect.backends.base import AcquireRequest, RenewItem
+    from lockaspect.backends.redis.sentinel import SentinelStore as Store
+
+    store = Store.from_sentinel(
+        redis.sentinel.Sentinel(valkey_sentinel.sentinel_addrs), "mymaster", namespace=namespace
+    )
+
+    async def main() -> list[bool | None]:
+        twin = store.asyncio_twin()
+        try:
+            assert (await twin.acquire(AcquireRequest("lock", ("r",), "tok", 5.0))).acquired
+            return list(await twin.renew([RenewItem("r", "tok", 60.0), RenewItem("r", "other", 60.0)]))
+        finally:
+            await twin.aclose()
+
+    try:
+        assert asyncio.run(main()) == [True, False]
+        assert valkey_sentinel.master.client().pttl(store.lock_key("r")) > 5_000
+    finally:
+        store.close()

@@ -13,7 +13,17 @@ import redis
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from ._script import LuaScript, _pack_any, _packed
-from ._wire import ASKING, DRAIN_FOR, _connection_factory, _peer, _return_token_when_gone, _tokens, _Undo, demoted
+from ._wire import (
+    ASKING,
+    DRAIN_FOR,
+    _connection_factory,
+    _peer,
+    _return_token_when_gone,
+    _tokens,
+    _Undo,
+    asking_undo,
+    demoted,
+)
 
 __all__ = ["_AsyncWire", "_run_async", "_run_async_then"]
 
@@ -53,7 +63,7 @@ class _AsyncWire:
         self, packed: bytes, args: tuple[object, ...], undo: _Undo | None = None, asking: bool = False
     ) -> Any:
         if asking:
-            return (await self._send((ASKING, packed), 2, undo))[1]
+            return (await self._send((ASKING, packed), 2, asking_undo(undo)))[1]
         if self._make is None:
             try:
                 return await self._client.execute_command(*args)
@@ -73,7 +83,7 @@ class _AsyncWire:
     ) -> tuple[Any, Any]:
         """:meth:`_Wire.call_then` for one event loop."""
         if asking:
-            first, second = (await self._send((ASKING, packed, _packed(then)), 3, undo))[1:]
+            first, second = (await self._send((ASKING, packed, _packed(then)), 3, asking_undo(undo)))[1:]
             if isinstance(first, ResponseError):
                 raise first
             return first, second
@@ -144,7 +154,13 @@ class _AsyncWire:
         except ResponseError:
             self._checkin(connection)  # the whole reply was read: the connection is clean
             raise
-        except BaseException:
+        except BaseException as exc:
+            if demoted(exc):
+                # Refused by a Sentinel master turned replica: nothing ran, nothing to undo (an
+                # undo sent apart would race the command sent again to the new master).
+                _abandon(connection)
+                self._checkin(connection)
+                raise
             # A timeout, a cancellation: the command went out and may run.
             if undo is None or not self._undo_behind(connection, undo):
                 _abandon(connection)  # half a reply may be on the socket: reconnects on next use
@@ -260,10 +276,16 @@ class _AsyncWire:
             writer.close()
 
     async def _undo_apart(self, undo: _Undo) -> None:
-        """Best effort: ``undo()`` on another connection."""
-        for command in undo():
-            with contextlib.suppress(RedisError, OSError):
-                await self.call(_pack_any(command), command)
+        """Best effort: ``undo()`` on another connection, in one write (see
+        :meth:`_Wire._undo_apart`)."""
+        commands = undo()
+        with contextlib.suppress(RedisError, OSError):
+            if self._make is None:
+                for command in commands:
+                    await self._client.execute_command(*command)
+                return
+            frames = tuple(_pack_any(command) for command in commands)
+            await self._round_trip(await self._checkout(), frames, len(commands), None)
 
     def follow(self, address: tuple[str, int] | None) -> None:
         """See :meth:`_Wire.follow`."""

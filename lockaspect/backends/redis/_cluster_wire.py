@@ -13,6 +13,7 @@ before the next command, and the node's idle connections are closed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -156,7 +157,6 @@ class _ClusterWire(_Routing):
                 redirects = self._redirected(exc, slot, redirects)
                 to, asking = self._target(exc), not isinstance(exc, MovedError)
                 if not asking:
-                    wire.close_idle()
                     self.refresh()
             except TryAgainError:
                 retries += 1
@@ -258,7 +258,6 @@ class _AsyncClusterWire(_Routing):
                 redirects = self._redirected(exc, slot, redirects)
                 to, asking = self._target(exc), not isinstance(exc, MovedError)
                 if not asking:
-                    wire.close_idle()
                     await self.refresh()
             except TryAgainError:
                 retries += 1
@@ -318,6 +317,11 @@ class _AsyncClusterWire(_Routing):
         return list(self._wires)
 
     async def close(self) -> None:
+        refreshing, self._refreshing = self._refreshing, None
+        if refreshing is not None and not refreshing.done():
+            refreshing.cancel()
+            with contextlib.suppress(BaseException):
+                await refreshing
         wires, self._wires = self._wires, {}
         for wire in wires.values():
             await wire.close()

@@ -73,7 +73,7 @@ class _Wire:
         its reply; on a failure after sending, ``undo()`` (a command) follows it. ``asking``:
         ``ASKING`` goes first, in the same write (Redis Cluster, a slot being imported here)."""
         if asking:
-            return self._round_trip((ASKING, packed), 2, undo)[1]
+            return self._round_trip((ASKING, packed), 2, asking_undo(undo))[1]
         if self._make is None:
             try:
                 return self._client.execute_command(*args)
@@ -95,7 +95,7 @@ class _Wire:
         (``WAIT`` counts the replicas that have this connection's writes): both replies. An
         error reply to the first command is raised once the second reply is read."""
         if asking:
-            first, second = self._round_trip((ASKING, packed, _packed(then)), 3, undo)[1:]
+            first, second = self._round_trip((ASKING, packed, _packed(then)), 3, asking_undo(undo))[1:]
             if isinstance(first, ResponseError):
                 raise first
             return first, second
@@ -169,7 +169,12 @@ class _Wire:
         except ResponseError:
             self._checkin(connection)  # the whole reply was read: the connection is clean
             raise
-        except BaseException:
+        except BaseException as exc:
+            if demoted(exc):
+                # READONLY from a Sentinel master turned replica: refused, nothing ran, nothing
+                # to undo (redis-py dropped the connection: it reconnects on its next use).
+                self._checkin(connection)
+                raise
             self._fail(connection, undo)
             raise
         self._checkin(connection)
@@ -249,12 +254,17 @@ class _Wire:
         return True
 
     def _undo_apart(self, undo: _Undo) -> None:
-        """Best effort: ``undo()`` on another connection (the failed one is gone)."""
-        for command in undo():
-            try:
-                self.call(_pack_any(command), command)
-            except (RedisError, OSError):
-                pass
+        """Best effort: ``undo()`` on another connection (the failed one is gone), its commands
+        in one write (an ``ASKING`` among them applies to the next)."""
+        commands = undo()
+        try:
+            if self._make is None:
+                for command in commands:
+                    self._client.execute_command(*command)
+            else:
+                self._round_trip_once(tuple(_pack_any(command) for command in commands), len(commands), None)
+        except (RedisError, OSError):
+            pass
 
     def _drain(self) -> None:
         """Close the set-aside connections whose server side has finished (or timed out)."""
@@ -414,6 +424,14 @@ def _tokens(pool: Any) -> queue.SimpleQueue[Any] | None:
 
 #: Builds the commands that undo a command in flight (called only when one failed).
 _Undo = Callable[[], list[tuple[object, ...]]]
+
+
+def asking_undo(undo: _Undo | None) -> _Undo | None:
+    """The undo of a command sent behind ``ASKING``: behind ``ASKING`` too (the importing node
+    answers ``MOVED`` to it otherwise)."""
+    if undo is None:
+        return None
+    return lambda: [(b"ASKING",), *undo()]
 
 
 def demoted(exc: BaseException) -> bool:

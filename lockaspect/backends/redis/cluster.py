@@ -22,7 +22,7 @@ import redis
 import redis.asyncio
 from redis.exceptions import RedisClusterException, RedisError
 
-from ...errors import ConfigurationError
+from ...errors import BackendError, ConfigurationError
 from ..base import AcquireResult, RenewItem, redacted
 from ._admin import SCAN_COUNT, held_candidates, held_flags, held_new, scan_match
 from ._client import map_redis_error
@@ -46,6 +46,19 @@ def multi_result(keys: Sequence[str], results: dict[str, AcquireResult]) -> Acqu
     fences = tuple(int(results[key].fencing_token or 0) for key in keys)
     replicas = [result.replicas for result in results.values() if result.replicas is not None]
     return AcquireResult(True, fences[0], fencing_tokens=fences, replicas=min(replicas) if replicas else None)
+
+
+def given_back_or_raise(busy: str, failed: list[str]) -> None:
+    """After a busy key, the keys taken before it must all be given back: a release that
+    failed (it may still arrive) makes the attempt fail transiently instead of busy, so that
+    the next attempt uses a new token that such a late release cannot delete."""
+    if failed:
+        raise BackendError(
+            f"multi-key acquire: {busy!r} is busy and giving back {', '.join(map(repr, failed))} failed "
+            "(their leases end them)",
+            key=failed[0],
+            transient=True,
+        )
 
 
 def _one_slot(keys: Sequence[str]) -> bool:
@@ -136,7 +149,7 @@ class ClusterStore(RedisStore):
             for key in multi_order(keys):
                 result = self.lock_acquire(key, token, lease, waiter)
                 if not result.acquired:
-                    self._give_back(results, token)
+                    given_back_or_raise(key, self._give_back(results, token))
                     return result._replace(busy=key)
                 results[key] = result
         except BaseException:
@@ -144,14 +157,15 @@ class ClusterStore(RedisStore):
             raise
         return multi_result(keys, results)
 
-    def _give_back(self, taken: dict[str, AcquireResult], token: str) -> None:
+    def _give_back(self, taken: dict[str, AcquireResult], token: str) -> list[str]:
+        """Release the keys ``taken``, last first; the keys whose release failed."""
+        failed = []
         for key in reversed(list(taken)):
             try:
                 self.lock_release(key, token)
-            except RedisError:  # pragma: no cover - the lease ends it
-                pass
-            except Exception:  # noqa: BLE001 - a BackendError: the lease ends it
-                pass
+            except BackendError:
+                failed.append(key)
+        return failed
 
     def renew(self, leases: Sequence[RenewItem]) -> list[bool | None]:
         """Renew ``leases``: one script call per slot (per :data:`RENEW_CHUNK` items), all of a
@@ -237,7 +251,7 @@ class AsyncClusterStore(AsyncRedisStore):
             for key in multi_order(keys):
                 result = await self.lock_acquire(key, token, lease, waiter)
                 if not result.acquired:
-                    await self._give_back(results, token)
+                    given_back_or_raise(key, await self._give_back(results, token))
                     return result._replace(busy=key)
                 results[key] = result
         except BaseException:
@@ -245,12 +259,14 @@ class AsyncClusterStore(AsyncRedisStore):
             raise
         return multi_result(keys, results)
 
-    async def _give_back(self, taken: dict[str, AcquireResult], token: str) -> None:
+    async def _give_back(self, taken: dict[str, AcquireResult], token: str) -> list[str]:
+        failed = []
         for key in reversed(list(taken)):
             try:
                 await self.lock_release(key, token)
-            except Exception:  # noqa: BLE001 - a BackendError: the lease ends it
-                pass
+            except BackendError:
+                failed.append(key)
+        return failed
 
     async def renew(self, leases: Sequence[RenewItem]) -> list[bool | None]:
         """See :meth:`ClusterStore.renew`: one batch per primary, all in flight at once."""

@@ -25,8 +25,12 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from redis.exceptions import RedisError
+
 from ...errors import ConfigurationError
 from ..base import RenewItem, redacted
+from ._renewal import renew_error, renewal
+from ._script import _pack_any
 from .store import AsyncRedisStore, RedisStore
 
 __all__ = ["FOLLOW_EVERY", "AsyncSentinelStore", "SentinelStore"]
@@ -165,9 +169,22 @@ class AsyncSentinelStore(AsyncRedisStore):
         self._wire._before = self._follow_master
 
     async def renew(self, leases: Sequence[RenewItem]) -> list[bool | None]:
-        if leases:
-            await self._follow_master()
-        return await super().renew(leases)
+        """Renew on the lock commands' connections (which follow the master), not on the
+        pool's (which may stay on a former master)."""
+        if not leases:
+            return []
+        await self._follow_master()
+        steps = renewal(self, leases)
+        try:
+            commands = next(steps)
+            while True:
+                frame = b"".join(_pack_any(command) for command in commands)
+                commands = steps.send(await self._wire.batch(frame, len(commands)))
+        except StopIteration as done:
+            statuses: list[bool | None] = done.value
+            return statuses
+        except RedisError as exc:
+            raise renew_error(exc, leases) from exc
 
     async def _follow_master(self) -> None:
         """See :meth:`SentinelStore._follow_master`."""
