@@ -122,10 +122,7 @@ class LockClient:
         Args:
             url: ``redis://[[user]:password@]host[:port][/db]``, ``rediss://`` for TLS, or
                 ``unix:///path/to/socket[?db=0]``: query parameters are passed to redis-py.
-                ``redis+cluster://[[user]:password@]host1[:port],host2[:port]...`` (Redis
-                Cluster) or ``redis+sentinel://[[user]:password@]host1[:port],.../<service>[/db]``
-                (the master of a Sentinel service), ``rediss+`` for TLS: see
-                docs/stores/redis.md.
+                ``redis+cluster://``, ``redis+sentinel://``: see docs/stores/redis.md.
                 ``memory://``: a store in this process's memory, private to this client, or
                 ``memory://<name>``: shared by every client of that name in this process
                 (for tests of single-process code: see
@@ -292,14 +289,11 @@ class LockClient:
         """Lock every key of ``keys`` for a ``with`` (or ``async with``) block, all at once
         or none; the block gets a :class:`~lockaspect.lease.MultiLease`.
 
-        The keys are deduplicated, sorted and taken all at once or not at all, so overlapping
-        sets never deadlock and a failed attempt leaves nothing behind: in one atomic step on
-        one server (and on Redis Cluster when all keys share a slot); over several Cluster
-        slots one key at a time in sorted order, the keys taken given back as soon as one is
-        busy (another caller may see some of them taken for that moment). While a key is busy
-        the call waits for its release, then tries the whole set again. Each key has its own
-        lease and fencing token (``multi.fencing_tokens``); the block raises
-        :class:`LockLost` if any is lost. Holding only some of the keys already is refused
+        The keys are deduplicated, sorted and taken all or none (over several Redis Cluster
+        slots key by key, given back when one is busy), so overlapping sets never deadlock and
+        a failed attempt leaves nothing behind; while a key is busy the call waits for its
+        release, then tries the whole set again. Each key has its own lease and fencing token
+        (``multi.fencing_tokens``); the block raises :class:`LockLost` if any is lost. Holding only some of the keys already is refused
         (:class:`ConfigurationError`); see docs/concepts/multi-key.md.
 
         Bad keys raise at once, before any I/O: :class:`ConfigurationError` (none),
