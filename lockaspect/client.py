@@ -293,8 +293,8 @@ class LockClient:
         slots key by key, given back when one is busy), so overlapping sets never deadlock and
         a failed attempt leaves nothing behind; while a key is busy the call waits for its
         release, then tries the whole set again. Each key has its own lease and fencing token
-        (``multi.fencing_tokens``); the block raises :class:`LockLost` if any is lost. Holding only some of the keys already is refused
-        (:class:`ConfigurationError`); see docs/concepts/multi-key.md.
+        (``multi.fencing_tokens``); the block raises :class:`LockLost` if any is lost. Holding
+        some of the keys already is refused (:class:`ConfigurationError`); see docs/concepts/multi-key.md.
 
         Bad keys raise at once, before any I/O: :class:`ConfigurationError` (none),
         :class:`TypeError` (not a ``str``), :class:`KeyTemplateError` (malformed).
