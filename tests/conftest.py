@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from lockaspect import LockClient, config
-from lockaspect.testing import LockServer, find_server_binary
+from lockaspect.testing import LockServer, ValkeyCluster, ValkeySentinel, find_server_binary
 
 SERVER_KINDS = ["valkey"] + (["redis"] if shutil.which("redis-server") else [])
 
@@ -46,6 +46,22 @@ def fresh_server() -> Iterator[LockServer]:
     """A server of its own, for tests that kill, pause or flush it."""
     with LockServer(args=["--enable-debug-command", "local"]) as server:
         yield server
+
+
+@pytest.fixture
+def cluster(valkey_binary: str) -> Iterator[ValkeyCluster]:
+    """A Valkey Cluster (3 primaries, 3 replicas) of the test's own, for a test that injects
+    a fault (~2.1 s to start)."""
+    with ValkeyCluster(binary=valkey_binary) as started:
+        yield started
+
+
+@pytest.fixture
+def sentinel(valkey_binary: str) -> Iterator[ValkeySentinel]:
+    """A Valkey master, replica and 3 sentinels of the test's own, for a test that injects a
+    fault (~0.05 s to start)."""
+    with ValkeySentinel(binary=valkey_binary) as started:
+        yield started
 
 
 @pytest.fixture

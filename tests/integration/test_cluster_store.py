@@ -6,11 +6,12 @@ across processes. Faults (failover, kill, migration) are in tests/topologies/.""
 from __future__ import annotations
 
 import asyncio
+import functools
 import multiprocessing
 import threading
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -61,22 +62,9 @@ def same_slot_keys(count: int) -> list[str]:
 
 
 @pytest.fixture
-def namespace() -> str:
-    return f"t-{uuid.uuid4().hex[:10]}:"
-
-
-@pytest.fixture
-def make_client(valkey_cluster: ValkeyCluster, namespace: str) -> Iterator[Callable[..., LockClient]]:
-    made: list[LockClient] = []
-
-    def make(**options: Any) -> LockClient:
-        client = LockClient.from_url(valkey_cluster.url, namespace=namespace, **options)
-        made.append(client)
-        return client
-
-    yield make
-    for client in made:
-        client.close()
+def make_client(make_client: Callable[..., LockClient], valkey_cluster: ValkeyCluster) -> Callable[..., LockClient]:
+    """Clients on the session's topology, in the test's namespace (closed after the test)."""
+    return functools.partial(make_client, valkey_cluster.url)
 
 
 # -- URLs, options, constructors --

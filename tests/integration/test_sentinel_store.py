@@ -5,9 +5,9 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -21,22 +21,9 @@ BOUND = 30.0  # a deadlock guard, not a speed expectation
 
 
 @pytest.fixture
-def namespace() -> str:
-    return f"t-{uuid.uuid4().hex[:10]}:"
-
-
-@pytest.fixture
-def make_client(valkey_sentinel: ValkeySentinel, namespace: str) -> Iterator[Callable[..., LockClient]]:
-    made: list[LockClient] = []
-
-    def make(**options: Any) -> LockClient:
-        client = LockClient.from_url(valkey_sentinel.url, namespace=namespace, **options)
-        made.append(client)
-        return client
-
-    yield make
-    for client in made:
-        client.close()
+def make_client(make_client: Callable[..., LockClient], valkey_sentinel: ValkeySentinel) -> Callable[..., LockClient]:
+    """Clients on the session's topology, in the test's namespace (closed after the test)."""
+    return functools.partial(make_client, valkey_sentinel.url)
 
 
 def test_locks_live_on_the_master(make_client: Callable[..., LockClient], valkey_sentinel: ValkeySentinel) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import re
 import uuid
-from collections.abc import Iterator
 
 import pytest
 import redis
@@ -22,20 +21,6 @@ from redis.sentinel import Sentinel
 from lockaspect.testing import SlotMigration, ValkeyCluster, ValkeyNode, ValkeySentinel
 
 WAIT = 30.0  # a deadline against hanging, not a timing threshold
-
-
-@pytest.fixture
-def cluster(valkey_binary: str) -> Iterator[ValkeyCluster]:
-    """A cluster of its own, for a test that injects a fault."""
-    with ValkeyCluster(binary=valkey_binary) as started:
-        yield started
-
-
-@pytest.fixture
-def sentinel(valkey_binary: str) -> Iterator[ValkeySentinel]:
-    """A sentinel set of its own, for a test that injects a fault."""
-    with ValkeySentinel(binary=valkey_binary) as started:
-        yield started
 
 
 @pytest.fixture

@@ -11,21 +11,6 @@ from typing import Any
 import pytest
 
 from lockaspect import LockClient
-from lockaspect.testing import ValkeyCluster, ValkeySentinel
-
-
-@pytest.fixture
-def cluster(valkey_binary: str) -> Iterator[ValkeyCluster]:
-    """A 3-primary, 3-replica cluster of the test's own (~2.1 s to start)."""
-    with ValkeyCluster(binary=valkey_binary) as started:
-        yield started
-
-
-@pytest.fixture
-def sentinel(valkey_binary: str) -> Iterator[ValkeySentinel]:
-    """A master, a replica and 3 sentinels of the test's own (~0.05 s to start)."""
-    with ValkeySentinel(binary=valkey_binary) as started:
-        yield started
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ is a cluster pipeline: one write per node, whatever the number of slots."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Generator, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from redis.exceptions import NoScriptError, RedisError
@@ -22,7 +22,7 @@ from ._script import LuaScript
 if TYPE_CHECKING:
     from ._layout import _Layout
 
-__all__ = ["RENEW_CHUNK", "renew_error", "renewal"]
+__all__ = ["RENEW_CHUNK", "arenew_with", "renew_error", "renew_with", "renewal"]
 
 log = logging.getLogger("lockaspect.backend")
 
@@ -172,3 +172,42 @@ def _renewed(chunks: list[_RenewChunk], replies: list[Any], count: int) -> list[
 def renew_error(exc: RedisError, leases: Sequence[RenewItem]) -> BackendError:
     first = leases[0][0] if len(leases) == 1 else None
     return map_redis_error(exc, first, f"renewal of {len(leases)} lease(s)")
+
+
+#: One round trip of a renewal: its commands in, one reply per command out (an error reply as
+#: an exception).
+RoundTrip = Callable[[list[tuple[object, ...]]], list[Any]]
+AsyncRoundTrip = Callable[[list[tuple[object, ...]]], Awaitable[list[Any]]]
+
+
+def renew_with(layout: _Layout, leases: Sequence[RenewItem], round_trip: RoundTrip) -> list[bool | None]:
+    """Renew ``leases`` (see :func:`renewal`), each round sent by ``round_trip``; a driver
+    error becomes a :class:`~lockaspect.BackendError`."""
+    if not leases:
+        return []
+    steps = renewal(layout, leases)
+    try:
+        commands = next(steps)
+        while True:
+            commands = steps.send(round_trip(commands))
+    except StopIteration as done:
+        statuses: list[bool | None] = done.value
+        return statuses
+    except RedisError as exc:
+        raise renew_error(exc, leases) from exc
+
+
+async def arenew_with(layout: _Layout, leases: Sequence[RenewItem], round_trip: AsyncRoundTrip) -> list[bool | None]:
+    """:func:`renew_with` for one event loop."""
+    if not leases:
+        return []
+    steps = renewal(layout, leases)
+    try:
+        commands = next(steps)
+        while True:
+            commands = steps.send(await round_trip(commands))
+    except StopIteration as done:
+        statuses: list[bool | None] = done.value
+        return statuses
+    except RedisError as exc:
+        raise renew_error(exc, leases) from exc

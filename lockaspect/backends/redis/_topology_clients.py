@@ -77,11 +77,7 @@ def async_cluster_like(cluster: Any) -> Any:
 def open_cluster_store(url: str, *, namespace: str = "lockaspect:", **options: Any) -> Any:
     """The store factory of ``redis+cluster://`` and ``rediss+cluster://`` (see
     :func:`lockaspect.backends.open_store`): checks the URL and options before any I/O."""
-    parsed = parse_topology_url(url)
-    if parsed.kind != "cluster":
-        raise ConfigurationError(f"not a Redis Cluster URL: {url!r}")
-    check_topology_options(url, parsed, options)
-    _check_namespace(namespace)
+    parsed = _checked(url, "cluster", namespace, options)
     from .cluster import ClusterStore
 
     try:
@@ -139,11 +135,7 @@ def async_sentinel_like(sentinel: Any, service: str, options: dict[str, Any]) ->
 def open_sentinel_store(url: str, *, namespace: str = "lockaspect:", **options: Any) -> Any:
     """The store factory of ``redis+sentinel://`` and ``rediss+sentinel://`` (see
     :func:`lockaspect.backends.open_store`): checks the URL and options before any I/O."""
-    parsed = parse_topology_url(url)
-    if parsed.kind != "sentinel":
-        raise ConfigurationError(f"not a Redis Sentinel URL: {url!r}")
-    check_topology_options(url, parsed, options)
-    _check_namespace(namespace)
+    parsed = _checked(url, "sentinel", namespace, options)
     from .sentinel import SentinelStore
 
     assert parsed.service is not None
@@ -166,6 +158,13 @@ def open_topology_store(url: str, *, namespace: str = "lockaspect:", **options: 
     return open_sentinel_store(url, namespace=namespace, **options)
 
 
-def _check_namespace(namespace: object) -> None:
+def _checked(url: str, kind: str, namespace: object, options: dict[str, Any]) -> TopologyURL:
+    """``url`` parsed, after checking that it is a ``kind`` URL and the namespace and options
+    are ones its store takes (no I/O)."""
+    parsed = parse_topology_url(url)
+    if parsed.kind != kind:
+        raise ConfigurationError(f"not a Redis {kind} URL: {redacted(url)!r}")
+    check_topology_options(url, parsed, options)
     if not isinstance(namespace, str) or "{" in namespace or "}" in namespace:
         raise ConfigurationError(f"namespace must be a str without '{{' or '}}', got {namespace!r}")
+    return parsed

@@ -28,7 +28,7 @@ from ._admin import SCAN_COUNT, held_candidates, held_flags, held_new, scan_matc
 from ._client import map_redis_error
 from ._cluster_notify import AsyncClusterNotifier, ClusterNotifier
 from ._cluster_wire import _AsyncClusterLine, _AsyncClusterWire, _ClusterLine, _ClusterWire, user_key_slot
-from ._renewal import renew_error, renewal
+from ._renewal import arenew_with
 from .store import AsyncRedisStore, RedisStore
 
 __all__ = ["AsyncClusterStore", "ClusterStore", "multi_order", "multi_result"]
@@ -270,18 +270,7 @@ class AsyncClusterStore(AsyncRedisStore):
 
     async def renew(self, leases: Sequence[RenewItem]) -> list[bool | None]:
         """See :meth:`ClusterStore.renew`: one batch per primary, all in flight at once."""
-        if not leases:
-            return []
-        steps = renewal(self, leases)
-        try:
-            commands = next(steps)
-            while True:
-                commands = steps.send(await self._renew_line.round_trip(commands))
-        except StopIteration as done:
-            statuses: list[bool | None] = done.value
-            return statuses
-        except RedisError as exc:
-            raise renew_error(exc, leases) from exc
+        return await arenew_with(self, leases, self._renew_line.round_trip)
 
     async def held_keys(self, pattern: str = "*") -> AsyncIterator[str]:
         match = scan_match(self.namespace, pattern)

@@ -25,11 +25,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from redis.exceptions import RedisError
-
 from ...errors import ConfigurationError
 from ..base import RenewItem, redacted
-from ._renewal import renew_error, renewal
+from ._renewal import arenew_with
 from ._script import _pack_any
 from .store import AsyncRedisStore, RedisStore
 
@@ -174,17 +172,10 @@ class AsyncSentinelStore(AsyncRedisStore):
         if not leases:
             return []
         await self._follow_master()
-        steps = renewal(self, leases)
-        try:
-            commands = next(steps)
-            while True:
-                frame = b"".join(_pack_any(command) for command in commands)
-                commands = steps.send(await self._wire.batch(frame, len(commands)))
-        except StopIteration as done:
-            statuses: list[bool | None] = done.value
-            return statuses
-        except RedisError as exc:
-            raise renew_error(exc, leases) from exc
+        return await arenew_with(self, leases, self._batch)
+
+    async def _batch(self, commands: list[tuple[object, ...]]) -> list[Any]:
+        return await self._wire.batch(b"".join(_pack_any(command) for command in commands), len(commands))
 
     async def _follow_master(self) -> None:
         """See :meth:`SentinelStore._follow_master`."""

@@ -46,7 +46,7 @@ from ._layout import (
     _Layout,
     _replicated,
 )
-from ._renewal import renew_error, renewal
+from ._renewal import arenew_with, renew_with
 from ._script import LuaScript
 from ._wire import _Line, _Undo, _Wire
 from .notify import AsyncRedisNotifier, RedisNotifier
@@ -166,18 +166,7 @@ class RedisStore(_Layout):
         """Renew ``leases`` in one round trip, on a connection of the renewals' own (so no
         lock traffic, and no exhausted pool, ever delays a renewal). Called from one thread
         at a time (the client's watchdog)."""
-        if not leases:
-            return []
-        steps = renewal(self, leases)
-        try:
-            commands = next(steps)
-            while True:
-                commands = steps.send(self._renew_line.round_trip(commands))
-        except StopIteration as done:
-            statuses: list[bool | None] = done.value
-            return statuses
-        except RedisError as exc:
-            raise renew_error(exc, leases) from exc
+        return renew_with(self, leases, self._renew_line.round_trip)
 
     # -- the script-level operations (the hot path's two written out: no table lookup) --
 
@@ -377,21 +366,13 @@ class AsyncRedisStore(_Layout):
         await self._op(UNQUEUE, key, waiter, kind)
 
     async def renew(self, leases: Sequence[RenewItem]) -> list[bool | None]:
-        if not leases:
-            return []
-        steps = renewal(self, leases)
-        try:
-            commands = next(steps)
-            while True:
-                pipe = self.redis.pipeline(transaction=False)
-                for command in commands:
-                    pipe.execute_command(*command)
-                commands = steps.send(await pipe.execute(raise_on_error=False))
-        except StopIteration as done:
-            statuses: list[bool | None] = done.value
-            return statuses
-        except RedisError as exc:
-            raise renew_error(exc, leases) from exc
+        return await arenew_with(self, leases, self._pipelined)
+
+    async def _pipelined(self, commands: list[tuple[object, ...]]) -> list[Any]:
+        pipe = self.redis.pipeline(transaction=False)
+        for command in commands:
+            pipe.execute_command(*command)
+        return list(await pipe.execute(raise_on_error=False))
 
     # -- the script-level operations --
 
