@@ -15,10 +15,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 import redis
 from redis.crc import key_slot
 
-from lockaspect import Lease, LockClient
+from lockaspect import Lease, LockClient, LockLost, LockNotAcquired
 from lockaspect.observe import LockEvent
 from lockaspect.testing import ValkeyNode
 
@@ -161,3 +162,76 @@ def in_thread(target: Callable[[], Any], name: str) -> tuple[threading.Thread, l
     thread = threading.Thread(target=run, name=name, daemon=True)
     thread.start()
     return thread, outcome
+
+
+def refused(client: LockClient, key: str, wait: float = 0.0) -> None:
+    """A lock of ``key`` is refused (``wait``: retrying transient errors meanwhile, as a
+    client whose slot map still names a dead node must): someone holds it."""
+    with pytest.raises(LockNotAcquired), client.lock(key, wait=wait):
+        pass  # pragma: no cover - the point is that it is never entered
+
+
+async def refused_async(client: LockClient, key: str) -> None:
+    with pytest.raises(LockNotAcquired):
+        async with client.lock(key):
+            pass  # pragma: no cover
+
+
+def held_through_a_kill(
+    holder: LockClient,
+    waiter: LockClient,
+    waits: Recorder,
+    key: str,
+    kill: Callable[[], ValkeyNode],
+    refuse: Callable[[], None],
+) -> None:
+    """The primary (or master) holding ``key`` is killed while ``holder`` holds it and
+    ``waiter`` waits for it (``waits`` records the waiter's events); ``kill()`` returns the
+    promoted node once it serves the key. Either the lock is kept (the new node has the key,
+    renewals land there, ``refuse()`` — another client — is refused, the waiter has not got
+    it) or the holder is told (on_lost, ``not-owner`` or ``expired``); never silently two
+    holders. Then the waiter gets the lock after the release, with a newer fencing token; and
+    what the store could keep (the promoted node had the key), it keeps."""
+    hook = LostHook()
+    name = lock_key(holder, key)
+    released = threading.Event()
+
+    def wait_for_it() -> tuple[int, bool]:
+        with waiter.lock(key, wait=BOUND) as got:
+            return got.fencing_token, released.is_set()
+
+    block = holder.lock(key, on_lost=hook)
+    lease = block.__enter__()
+    try:
+        thread, outcome = in_thread(wait_for_it, "waiter")
+        until(lambda: waits.named("waiting"), "the waiter to find the lock busy")
+        new = kill()
+        promoted_with_key = has_key(new, name)
+        landed: list[bool] = []
+        # Whichever comes first: a renewal on the new node, or the holder told.
+        in_thread(lambda: landed.append(renewed_on(new, name) is None), "renewal probe")
+        until(lambda: landed or hook.fired.is_set(), "a renewal on the new node or on_lost")
+        if not hook.leases:
+            assert promoted_with_key, "the holder was not told, but the new node lacks its key"
+            refuse()
+            assert not outcome, f"the waiter got the lock while it was held: {outcome}"
+            assert lease.held
+        else:
+            assert hook.reasons[0] in ("not-owner", "expired")
+    finally:
+        released.set()
+        try:
+            block.__exit__(None, None, None)
+        except LockLost:
+            assert hook.leases, "LockLost on release, but on_lost was never called"
+    thread.join(GRANT_BOUND)
+    assert not thread.is_alive(), "the waiter blocked through the kill never got the lock"
+    assert len(outcome) == 1
+    assert not isinstance(outcome[0], BaseException), outcome[0]
+    fence, after_release = outcome[0]
+    assert fence > lease.fencing_token
+    if not hook.leases:
+        assert after_release, "the waiter got the lock before the holder released it"
+    assert not (promoted_with_key and hook.leases), (
+        f"lost ({hook.reasons}) although the promoted node had the lock: renewals never reached it"
+    )

@@ -17,36 +17,25 @@ from collections.abc import Callable
 import pytest
 from redis.crc import key_slot
 
-from lockaspect import LockClient, LockLost, LockNotAcquired
+from lockaspect import LockClient
 from lockaspect.testing import ValkeyCluster, ValkeyNode
 
 from ._support import (
-    BOUND,
     GRANT_BOUND,
     LostHook,
     Recorder,
     has_key,
+    held_through_a_kill,
     in_thread,
     lock_key,
     no_noscript,
+    refused,
+    refused_async,
     renewed_on,
     until,
 )
 
 Make = Callable[..., LockClient]
-
-
-def refused(client: LockClient, key: str, wait: float = 0.0) -> None:
-    """A lock of ``key`` is refused (``wait``: retrying transient errors meanwhile, as a
-    client whose slot map still names a dead node must): someone holds it."""
-    with pytest.raises(LockNotAcquired), client.lock(key, wait=wait):
-        pass  # pragma: no cover - the point is that it is never entered
-
-
-async def refused_async(client: LockClient, key: str) -> None:
-    with pytest.raises(LockNotAcquired):
-        async with client.lock(key):
-            pass  # pragma: no cover
 
 
 def shard_channels(node: ValkeyNode, namespace: str) -> list[bytes]:
@@ -140,7 +129,6 @@ class TestKilledPrimary:
     def test_the_holder_keeps_the_lock_or_is_told_and_a_blocked_waiter_gets_it_after(
         self, cluster: ValkeyCluster, make: Make, key: str, victim: str
     ) -> None:
-        hook = LostHook()
         # An 8 s lease outlives the promotion (~2.5 s); renewed every 0.8 s.
         holder = make(cluster.url, watchdog_lease=8.0, delay_weight=0.1)
         waits = Recorder()
@@ -148,53 +136,15 @@ class TestKilledPrimary:
         other = make(cluster.url)
         default_port = holder.backend.redis.get_default_node().port  # type: ignore[attr-defined]
         key = key_on(cluster, key, lambda node: (node.port == default_port) == (victim == "default-node"))
-        name = lock_key(holder, key)
         slot = key_slot(key.encode())
-        released = threading.Event()
 
-        def wait_for_it() -> tuple[int, bool]:
-            with waiter.lock(key, wait=BOUND) as got:
-                return got.fencing_token, released.is_set()
-
-        block = holder.lock(key, on_lost=hook)
-        lease = block.__enter__()
-        try:
-            thread, outcome = in_thread(wait_for_it, "waiter")
-            until(lambda: waits.named("waiting"), "the waiter to find the lock busy")
+        def kill() -> ValkeyNode:
             old = cluster.primary_for(slot)
             cluster.kill(old)
-            new = cluster.wait_primary_changed(slot, old)
-            promoted_with_key = has_key(new, name)
-            landed: list[bool] = []
-            # Whichever comes first: a renewal on the new primary, or the holder told.
-            in_thread(lambda: landed.append(renewed_on(new, name) is None), "renewal probe")
-            until(lambda: landed or hook.fired.is_set(), "a renewal on the new primary or on_lost")
-            if not hook.leases:
-                # Kept: nobody else gets it while the holder holds it.
-                assert promoted_with_key, "the holder was not told, but the new primary lacks its key"
-                refused(other, key, wait=1.0)  # its first try meets the dead node
-                assert not outcome, f"the waiter got the lock while it was held: {outcome}"
-                assert lease.held
-            else:
-                assert hook.reasons[0] in ("not-owner", "expired")
-        finally:
-            released.set()
-            try:
-                block.__exit__(None, None, None)
-            except LockLost:
-                assert hook.leases, "LockLost on release, but on_lost was never called"
-        thread.join(GRANT_BOUND)
-        assert not thread.is_alive(), "the waiter blocked through the kill never got the lock"
-        assert len(outcome) == 1
-        assert not isinstance(outcome[0], BaseException), outcome[0]
-        fence, after_release = outcome[0]
-        assert fence > lease.fencing_token
-        if not hook.leases:
-            assert after_release, "the waiter got the lock before the holder released it"
-        # What the store could keep, it must keep: the promoted replica had the key.
-        assert not (promoted_with_key and hook.leases), (
-            f"lost ({hook.reasons}) although the promoted replica had the lock: renewals never reached it"
-        )
+            return cluster.wait_primary_changed(slot, old)
+
+        # The other client's first try meets the dead node: wait a little.
+        held_through_a_kill(holder, waiter, waits, key, kill, lambda: refused(other, key, wait=1.0))
 
 
 class TestWakeUpsAcrossAFailover:

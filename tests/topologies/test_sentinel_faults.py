@@ -10,23 +10,21 @@ States are awaited with :data:`~._support.BOUND` as the only deadline.
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Callable
 
-import pytest
-
-from lockaspect import LockClient, LockLost, LockNotAcquired
+from lockaspect import LockClient
 from lockaspect.testing import ValkeyNode, ValkeySentinel
 
 from ._support import (
     BOUND,
-    GRANT_BOUND,
     LostHook,
     Recorder,
     has_key,
-    in_thread,
+    held_through_a_kill,
     lock_key,
     pttl,
+    refused,
+    refused_async,
     renewed_on,
     until,
 )
@@ -37,17 +35,6 @@ Make = Callable[..., LockClient]
 #: after SENTINEL FAILOVER (a reconnection may be sent to the demoted one meanwhile):
 #: 4 s, renewed every 0.6 s.
 OUTLIVES_SWITCH = {"watchdog_lease": 4.0, "delay_weight": 0.15}
-
-
-def refused(client: LockClient, key: str, wait: float = 0.0) -> None:
-    with pytest.raises(LockNotAcquired), client.lock(key, wait=wait):
-        pass  # pragma: no cover - the point is that it is never entered
-
-
-async def refused_async(client: LockClient, key: str) -> None:
-    with pytest.raises(LockNotAcquired):
-        async with client.lock(key):
-            pass  # pragma: no cover
 
 
 def replicated(sentinel: ValkeySentinel, name: str) -> ValkeyNode:
@@ -166,51 +153,11 @@ class TestKilledMaster:
     def test_the_holder_keeps_the_lock_or_is_told_and_a_blocked_waiter_gets_it_after(
         self, sentinel: ValkeySentinel, make: Make, key: str
     ) -> None:
-        hook = LostHook()
         # An 8 s lease outlives the promotion (~2.3 s); renewed every 0.8 s.
         holder = make(sentinel.url, watchdog_lease=8.0, delay_weight=0.1)
         waits = Recorder()
         waiter = make(sentinel.url, observers=[waits])
-        name = lock_key(holder, key)
-        released = threading.Event()
-
-        def wait_for_it() -> tuple[int, bool]:
-            with waiter.lock(key, wait=BOUND) as got:
-                return got.fencing_token, released.is_set()
-
-        block = holder.lock(key, on_lost=hook)
-        lease = block.__enter__()
-        try:
-            thread, outcome = in_thread(wait_for_it, "waiter")
-            until(lambda: waits.named("waiting"), "the waiter to find the lock busy")
-            new = sentinel.kill_master()
-            promoted_with_key = has_key(new, name)
-            landed: list[bool] = []
-            in_thread(lambda: landed.append(renewed_on(new, name) is None), "renewal probe")
-            until(lambda: landed or hook.fired.is_set(), "a renewal on the new master or on_lost")
-            if not hook.leases:
-                assert promoted_with_key, "the holder was not told, but the new master lacks its key"
-                other = make(sentinel.url)
-                refused(other, key)
-                assert not outcome, f"the waiter got the lock while it was held: {outcome}"
-                assert lease.held
-            else:
-                assert hook.reasons[0] in ("not-owner", "expired")
-        finally:
-            released.set()
-            try:
-                block.__exit__(None, None, None)
-            except LockLost:
-                assert hook.leases, "LockLost on release, but on_lost was never called"
-        thread.join(GRANT_BOUND)
-        assert not thread.is_alive(), "the waiter blocked through the kill never got the lock"
-        assert len(outcome) == 1
-        assert not isinstance(outcome[0], BaseException), outcome[0]
-        fence, after_release = outcome[0]
-        assert fence > lease.fencing_token
-        if not hook.leases:
-            assert after_release, "the waiter got the lock before the holder released it"
-        assert not (promoted_with_key and hook.leases), f"lost ({hook.reasons}) although the new master had the lock"
+        held_through_a_kill(holder, waiter, waits, key, sentinel.kill_master, lambda: refused(make(sentinel.url), key))
 
 
 class TestReadOnlyFormerMaster:
