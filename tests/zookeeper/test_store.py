@@ -21,6 +21,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -640,3 +641,40 @@ def test_a_forked_child_gets_a_session_of_its_own(make: Callable[..., LockClient
         assert os.waitstatus_to_exitcode(status) == 0
         assert outcome == "child:True,parent:refused"
         assert not held.lost
+
+
+@pytest.mark.parametrize("kind", ["lock", "semaphore"])
+def test_a_waiter_whose_watch_never_fires_rechecks_within_the_armed_trust(
+    zk: ZooKeeperServer, namespace: str, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """A queued waiter's attempts skip the round trip while its watch is armed; if that watch
+    can no longer fire (here: its function taken off kazoo's watcher sets behind the hub's
+    back, as a lost registration would), the armed shortcut must not answer "busy" for the
+    rest of the wait: past ``ARMED_TRUST`` the attempt re-reads the queue and gets in."""
+    from lockaspect.backends.zookeeper import _notify
+
+    monkeypatch.setattr(_notify, "ARMED_TRUST", 0.3, raising=False)
+    store = open_zookeeper_store(zk.url, namespace=namespace)
+    try:
+        permits = 1 if kind == "semaphore" else None
+        holder = AcquireRequest(kind, ("k",), "holder", 30.0, None, False, "", permits)
+        assert store.acquire(holder).acquired
+        waiter = store.waiter_id(True)
+        request = AcquireRequest(kind, ("k",), "waiter", 30.0, waiter, False, "", permits)
+        assert not store.acquire(request).acquired  # queued, its watch set and armed
+        session: Any = store._session
+        channel = (namespace + "k", waiter)
+        assert session.hub.is_armed(channel)
+        watch = session.hub.wakers[channel]
+        client = session._client
+        for watchers in (client._data_watchers, client._child_watchers):
+            for found in watchers.values():
+                found.discard(watch)  # the watch is lost: nothing will disarm the channel
+        assert store.release("k", "holder", kind) is ReleaseResult.RELEASED
+        deadline = time.monotonic() + 5.0  # many times ARMED_TRUST; before the fix: forever
+        while not store.acquire(request).acquired:
+            assert time.monotonic() < deadline, "the armed shortcut kept answering busy"
+            time.sleep(0.05)
+        assert store.release("k", "waiter", kind) is ReleaseResult.RELEASED
+    finally:
+        store.close()

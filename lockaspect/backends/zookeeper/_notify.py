@@ -12,14 +12,22 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from ..._wakeup import AsyncWakeup, Wakeup
 
-__all__ = ["AsyncZooKeeperNotifier", "Hub", "ZooKeeperNotifier"]
+__all__ = ["ARMED_TRUST", "AsyncZooKeeperNotifier", "Hub", "ZooKeeperNotifier"]
 
 Channel = tuple[str, str]
+
+#: Seconds an armed channel is trusted without a round trip. Past that, the waiter's next
+#: attempt re-reads its queue and sets its watch again: a watch that can no longer fire (one
+#: lost in a way nothing reported) costs a waiter this long, not the rest of its wait. Notified
+#: waiters re-check at least every NOTIFY_RECHECK (1 s), so this is about one round trip per
+#: waiting key every few seconds.
+ARMED_TRUST = 3.0
 
 
 class _Waiter(Protocol):
@@ -37,22 +45,26 @@ class Hub:
         self.channels: dict[Channel, set[_Waiter]] = {}
         self.pending: set[Channel] = set()
         self.wakers: dict[Channel, Callable[[Any], None]] = {}
-        # Channels whose watch is set and has not fired since: their queue place cannot have
-        # moved up, so an attempt needs no round trip to know it is still busy.
-        self.armed: set[Channel] = set()
+        # Channels whose watch is set and has not fired since (with when it was armed): their
+        # queue place cannot have moved up, so an attempt needs no round trip to know it is
+        # still busy, for up to ARMED_TRUST seconds.
+        self.armed: dict[Channel, float] = {}
 
     def arm(self, channel: Channel) -> None:
         """About to set ``channel``'s watch (armed before it is sent: its firing, whenever
         that comes, disarms it)."""
         with self.lock:
-            self.armed.add(channel)
+            self.armed[channel] = time.monotonic()
 
     def disarm(self, channel: Channel) -> None:
         with self.lock:
-            self.armed.discard(channel)
+            self.armed.pop(channel, None)
 
     def is_armed(self, channel: Channel) -> bool:
-        return channel in self.armed
+        """Whether ``channel``'s watch is set, has not fired, and was set less than
+        :data:`ARMED_TRUST` seconds ago (an older one is checked with a round trip)."""
+        since = self.armed.get(channel)
+        return since is not None and time.monotonic() - since < ARMED_TRUST
 
     def waker(self, channel: Channel) -> Callable[[Any], None]:
         """The watch function that wakes ``channel``: one object per channel, so a watch set
@@ -71,7 +83,7 @@ class Hub:
     def wake(self, channel: Channel) -> None:
         """Wake ``channel``'s subscribers, or keep the wake-up for its next subscription."""
         with self.lock:
-            self.armed.discard(channel)
+            self.armed.pop(channel, None)
             listeners = list(self.channels.get(channel, ()))
             if not listeners and channel in self.wakers:  # a forgotten channel keeps nothing
                 self.pending.add(channel)
@@ -91,7 +103,7 @@ class Hub:
         (returned, for the session to take it off kazoo's watcher sets)."""
         with self.lock:
             self.pending.discard(channel)
-            self.armed.discard(channel)
+            self.armed.pop(channel, None)
             return self.wakers.pop(channel, None)
 
     def join(self, waiter: _Waiter) -> None:
