@@ -27,6 +27,7 @@ from .executor import check_executor
 from .keys import ArgumentNames, KeyTemplate, check_key
 from .options import UNSET as _UNSET
 from .options import LockSpec
+from .owner import ORIGIN, Origin
 from .xact import ConnectionPlan
 
 __all__ = ["FailureContext", "distributed_lock", "distributed_semaphore"]
@@ -67,6 +68,8 @@ class _Resolved:
     keys_fn: Callable[[Mapping[str, Any]], Any] | None = None
     #: scope="transaction": how a call finds its connection (lockaspect.xact).
     xact: ConnectionPlan | None = None
+    #: What the owner record names (lockaspect.owner): the function and its key template(s).
+    origin: Origin = ("?", None)
 
     @property
     def multi(self) -> bool:
@@ -135,8 +138,23 @@ class _LockAspect:
         xact = None
         if checked.get("scope") == "transaction":
             xact = ConnectionPlan(checked["connection"], self._names)
+        if multi:
+            shown: str | None = ", ".join(t.template for t in multi)
+        else:
+            shown = template.template if template is not None and key_fn is None else None
+        origin = (self._names.qualname, shown)
         resolved = _Resolved(
-            spec, template, cast(Any, key_fn), executor, executor_set, on_failure, generation, multi, keys_fn, xact
+            spec,
+            template,
+            cast(Any, key_fn),
+            executor,
+            executor_set,
+            on_failure,
+            generation,
+            multi,
+            keys_fn,
+            xact,
+            origin,
         )
         self._resolved = resolved
         return resolved
@@ -218,32 +236,40 @@ class _LockAspect:
     ) -> Any:
         resolved, key, names = self.prepare(instance, args, kwargs)
         client = self.client or config.default_client()
-        if resolved.xact is not None:
-            failure = self.failure(resolved, key, names)
-            return resolved.xact.run(client, key, resolved.spec, names, (wrapped, args, kwargs), failure)
-        if resolved.multi:
-            return run_multi(
-                client._engine, key, resolved.spec, wrapped, args, kwargs, self.failure(resolved, None, names)
+        origin = ORIGIN.set((resolved.origin, key))
+        try:
+            if resolved.xact is not None:
+                failure = self.failure(resolved, key, names)
+                return resolved.xact.run(client, key, resolved.spec, names, (wrapped, args, kwargs), failure)
+            if resolved.multi:
+                return run_multi(
+                    client._engine, key, resolved.spec, wrapped, args, kwargs, self.failure(resolved, None, names)
+                )
+            executor = resolved.executor if resolved.executor_set else client.executor
+            return client._engine.sync.run(
+                key, resolved.spec, executor, wrapped, args, kwargs, self.failure(resolved, key, names)
             )
-        executor = resolved.executor if resolved.executor_set else client.executor
-        return client._engine.sync.run(
-            key, resolved.spec, executor, wrapped, args, kwargs, self.failure(resolved, key, names)
-        )
+        finally:
+            ORIGIN.reset(origin)
 
     async def acall(
         self, wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
         resolved, key, names = self.prepare(instance, args, kwargs)
         client = self.client or config.default_client()
-        if resolved.xact is not None:
-            failure = self.failure(resolved, key, names)
-            return await resolved.xact.arun(client, key, resolved.spec, names, (wrapped, args, kwargs), failure)
-        if resolved.multi:
-            failure = self.failure(resolved, None, names)
-            return await arun_multi(client._engine, key, resolved.spec, wrapped, args, kwargs, failure)
-        return await client._engine.aio.run(
-            key, resolved.spec, wrapped, args, kwargs, self.failure(resolved, key, names)
-        )
+        origin = ORIGIN.set((resolved.origin, key))
+        try:
+            if resolved.xact is not None:
+                failure = self.failure(resolved, key, names)
+                return await resolved.xact.arun(client, key, resolved.spec, names, (wrapped, args, kwargs), failure)
+            if resolved.multi:
+                failure = self.failure(resolved, None, names)
+                return await arun_multi(client._engine, key, resolved.spec, wrapped, args, kwargs, failure)
+            return await client._engine.aio.run(
+                key, resolved.spec, wrapped, args, kwargs, self.failure(resolved, key, names)
+            )
+        finally:
+            ORIGIN.reset(origin)
 
 
 def distributed_lock(

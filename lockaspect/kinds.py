@@ -47,6 +47,8 @@ class LockKind:
     family: str
     own_place: bool = False
     permits: int | None = None
+    #: Permits one hold takes (a semaphore's ``count=``; 1 otherwise).
+    weight: int = 1
 
     def slot_key(self, key: str) -> str:
         """Where same-process waiters for ``key`` of this kind coalesce: a semaphore's apart
@@ -61,7 +63,10 @@ class LockKind:
         """Raise when the store's answer contradicts what was asked (nothing was taken)."""
 
     def __repr__(self) -> str:
-        return f"<LockKind {self.name}>" if self.permits is None else f"<LockKind {self.name}({self.permits})>"
+        if self.permits is None:
+            return f"<LockKind {self.name}>"
+        taken = "" if self.weight == 1 else f", count={self.weight}"
+        return f"<LockKind {self.name}({self.permits}{taken})>"
 
 
 @dataclass(frozen=True, slots=True, repr=False)
@@ -105,9 +110,10 @@ WRITE: LockKind = _Write("write", "write", own_place=True)
 
 
 @functools.lru_cache(maxsize=64)
-def semaphore(permits: int) -> LockKind:
-    """The kind of a semaphore with ``permits`` permits (``permits`` already checked)."""
-    return _Semaphore("semaphore", "semaphore", permits=permits)
+def semaphore(permits: int, weight: int = 1) -> LockKind:
+    """The kind of a semaphore with ``permits`` permits whose holds take ``weight`` of them
+    (both already checked)."""
+    return _Semaphore("semaphore", "semaphore", permits=permits, weight=weight)
 
 
 def kind_for(fair: bool, permits: int | None, mode: str | None) -> LockKind:

@@ -37,6 +37,7 @@ __all__ = [
     "AsyncStore",
     "AsyncSubscription",
     "Capability",
+    "HolderState",
     "KeyState",
     "LossCallback",
     "Notifier",
@@ -99,6 +100,12 @@ class AcquireRequest(NamedTuple):
         front: Queue at the head (a waiter woken for a release but beaten to it).
         below: For ``"read"``: the token of the write lock the caller holds (a downgrade).
         permits: For ``"semaphore"``: the number of permits the caller expects.
+        owner: Who asks: a compact JSON object (host, pid, thread, function, template,
+            acquired_at; see :mod:`lockaspect.owner`) that the store keeps with the hold and
+            gives back in :attr:`HolderState.owner`; ``""``: nothing recorded (the client's
+            ``owner_info=False``). Opaque to the store.
+        weight: For ``"semaphore"``: how many permits the hold takes at once (all or none;
+            the public ``count=``); 1 for every other kind.
     """
 
     kind: str
@@ -109,6 +116,8 @@ class AcquireRequest(NamedTuple):
     front: bool = False
     below: str = ""
     permits: int | None = None
+    owner: str = ""
+    weight: int = 1
 
     @property
     def key(self) -> str:
@@ -175,8 +184,32 @@ class RenewItem(NamedTuple):
 RenewStatus = bool | float | None
 
 
+class HolderState(NamedTuple):
+    """One holder of a key, as :meth:`AdminStore.describe` reports it.
+
+    Attributes:
+        token: The holder's owner token, whole (the client shows only a prefix of it).
+        owner: The :attr:`AcquireRequest.owner` recorded with the hold (``""``: none).
+        remaining: Seconds until its lease ends; ``None`` for a hold that lives as long as a
+            session (ZooKeeper, PostgreSQL advisory locks) or a key without an expiry.
+        fencing_token: Its fencing token, or ``None`` when the store has none for it.
+        weight: Permits it holds (semaphores; 1 otherwise).
+    """
+
+    token: str
+    owner: str = ""
+    remaining: float | None = None
+    fencing_token: int | None = None
+    weight: int = 1
+
+
 class KeyState(NamedTuple):
-    """What :meth:`AdminStore.describe` reports about one key (for the operator tools)."""
+    """What :meth:`AdminStore.describe` reports about one key (for the operator tools).
+
+    ``holders`` counts holders (a semaphore holder may hold several permits: see its
+    :attr:`HolderState.weight`); ``held_by`` lists them
+    with what the store recorded, where the store can say (a value not written by lockaspect
+    counts as one holder with no entry there)."""
 
     key: str
     kind: str
@@ -185,6 +218,7 @@ class KeyState(NamedTuple):
     fencing_token: int | None = None
     waiters: int = 0
     permits: int | None = None
+    held_by: tuple[HolderState, ...] = ()
 
 
 class Subscription(Protocol):
@@ -364,7 +398,8 @@ class AdminStore(Protocol):
     """The optional operator part of a store: look at keys, set permits, force a release."""
 
     def describe(self, key: str) -> list[KeyState]:
-        """What the store holds under ``key``: one entry per kind held there (empty: free)."""
+        """What the store holds under ``key``: one entry per kind held there (empty: free),
+        each listing its holders in :attr:`KeyState.held_by`."""
         ...
 
     def held_keys(self, pattern: str = "*") -> Iterator[str]:
@@ -407,13 +442,20 @@ def checked_request(request: AcquireRequest, namespace: str, store: str) -> Acqu
     lease = request.lease
     if isinstance(lease, bool) or not isinstance(lease, (int, float)) or not (0 < lease < math.inf):
         raise ConfigurationError(f"the lease must be a positive number of seconds, got {lease!r}", key=keys[0])
+    count = request.weight
     if kind == "semaphore":
         permits = request.permits
         if isinstance(permits, bool) or not isinstance(permits, int) or permits < 0:
             raise ConfigurationError(f"a semaphore request needs its number of permits, got {permits!r}", key=keys[0])
+        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= max(permits, 1):
+            raise ConfigurationError(f"a semaphore request takes 1 to {permits} permits, not {count!r}", key=keys[0])
+    elif count != 1:
+        raise ConfigurationError(f"only a semaphore request takes several permits, not {kind!r}", key=keys[0])
+    if not isinstance(request.owner, str):
+        raise ConfigurationError(f"the owner record must be a str, got {request.owner!r}", key=keys[0])
     named = (namespace + keys[0],) if len(keys) == 1 else tuple(namespace + key for key in keys)
     token, waiter, front, below, permits = request.token, request.waiter, request.front, request.below, request.permits
-    return AcquireRequest(kind, named, token, lease, waiter, front, below, permits)
+    return AcquireRequest(kind, named, token, lease, waiter, front, below, permits, request.owner, count)
 
 
 _QUERY_PASSWORD = re.compile(r"([?&]password=)[^&#]*", re.IGNORECASE)

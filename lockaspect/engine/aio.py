@@ -20,6 +20,7 @@ from ..kinds import LockKind
 from ..lease import _HELD, Lease, _push
 from ..observe import LockEvent
 from ..options import LockSpec
+from ..owner import owner_record
 from ._loop import LoopState, LostCancel, _AsyncSlot, _quietly, cancelling, raise_if_cancel_lost
 from .core import Engine, Plan
 from .holds import Hold
@@ -40,6 +41,14 @@ class AsyncRunner:
         self.last: LoopState | None = None
 
     # -- the loop's state -----------------------------------------------------------------
+
+    def owner(self, key: str) -> str:
+        """The owner record of an acquisition of ``key`` by the running task now ("" without
+        owner_info)."""
+        if not self.engine.owner_info:
+            return ""
+        task = asyncio.current_task()
+        return owner_record(key, None if task is None else task.get_name())
 
     def state(self) -> LoopState:
         """The running loop's async store and waiter slots, made on first use."""
@@ -93,7 +102,10 @@ class AsyncRunner:
         waiter = self._first_waiter(state, key, spec)
         sent = engine.clock()
         failure: BackendError | None = None
-        request = AcquireRequest(kind.name, (key,), token, plan.lease_time, waiter, False, below, kind.permits)
+        owner = self.owner(key)
+        request = AcquireRequest(
+            kind.name, (key,), token, plan.lease_time, waiter, False, below, kind.permits, owner, kind.weight
+        )
         try:
             result = await self.try_once(state, request, kind)
         except BackendError as exc:
@@ -200,7 +212,9 @@ class AsyncRunner:
             engine.emit(LockEvent("waiting", key, kind.name, 0.0))
             if kind.own_place:
                 turn = True  # the wait loop leaves the queue itself
-                w = engine.waiting(state.store, (key,), token, plan, spec, start, result, waiter, below, failure)
+                w = engine.waiting(
+                    state.store, (key,), token, plan, spec, start, result, waiter, below, failure, owner=self.owner
+                )
                 return await self.run_wait(state, w, None)
             queued = waiter is not None
             slot = state.join_slot(slot_key)
@@ -220,7 +234,17 @@ class AsyncRunner:
             turn = True
             try:
                 w = engine.waiting(
-                    state.store, (key,), token, plan, spec, start, result, waiter if queued else None, "", failure
+                    state.store,
+                    (key,),
+                    token,
+                    plan,
+                    spec,
+                    start,
+                    result,
+                    waiter if queued else None,
+                    "",
+                    failure,
+                    owner=self.owner,
                 )
                 return await self.run_wait(state, w, slot)
             finally:
@@ -322,7 +346,9 @@ class AsyncRunner:
                 await self.release(made, state)
         plan = engine.plan(spec, keys[0], True)
         start = engine.clock()
-        w = engine.waiting(state.store, keys, new_token(), plan, spec, start, AcquireResult(False), multi=True)
+        w = engine.waiting(
+            state.store, keys, new_token(), plan, spec, start, AcquireResult(False), multi=True, owner=self.owner
+        )
         result, sent, token = await self.run_wait(state, w, None)
         holds: list[Hold] = []
         try:

@@ -26,6 +26,7 @@ from ..kinds import LockKind
 from ..lease import Lease, find_held, fork_epoch
 from ..observe import LockEvent, Observers
 from ..options import LockSpec
+from ..owner import owner_record
 from ..renewal import Renewal, lost_guard
 from ..timer import HashedWheelTimer
 from ..watchdog import Watchdog
@@ -67,8 +68,11 @@ class Engine:
         wait_replicas: tuple[int, float] | None,
         clock: Callable[[], float],
         emit: Observers,
+        owner_info: bool = True,
     ) -> None:
         self.store = store
+        #: Whether acquisitions send an owner record (see :mod:`lockaspect.owner`).
+        self.owner_info = owner_info
         self.watchdog_lease = watchdog_lease
         self.tick = tick
         self.delay_weight = delay_weight
@@ -159,6 +163,11 @@ class Engine:
             lease_time = spec.max_hold
         return Plan(watchdog, lease_time, delay_weight)
 
+    def owner(self, key: str) -> str:
+        """The owner record of an acquisition of ``key`` by this thread now ("" without
+        owner_info)."""
+        return owner_record(key) if self.owner_info else ""
+
     def early_waiter(self, spec: LockSpec, notifier: Any) -> str | None:
         """The waiter id a first attempt may queue under: when the caller would wait and this
         process already listens for the key's wake-ups, a busy first attempt queues at once
@@ -228,8 +237,10 @@ class Engine:
         below: str = "",
         failure: BackendError | None = None,
         multi: bool = False,
+        owner: Callable[[str], str] | None = None,
     ) -> Waiting:
-        """The wait loop's decisions for one caller (``store``: the runner's, for waiter ids)."""
+        """The wait loop's decisions for one caller (``store``: the runner's, for waiter ids;
+        ``owner``: makes each attempt's owner record, default :meth:`owner`)."""
         own_id = store.waiter_id(True) if multi else (queued if spec.kind.own_place else None)
         return Waiting(
             keys,
@@ -247,6 +258,7 @@ class Engine:
             below=below,
             failure=failure,
             multi=multi,
+            owner=owner or self.owner,
         )
 
     def new_lease(

@@ -72,7 +72,10 @@ class SyncRunner:
         waiter = self._first_waiter(key, spec)
         sent = engine.clock()
         failure: BackendError | None = None
-        request = AcquireRequest(kind.name, (key,), token, plan.lease_time, waiter, False, below, kind.permits)
+        owner = engine.owner(key)
+        request = AcquireRequest(
+            kind.name, (key,), token, plan.lease_time, waiter, False, below, kind.permits, owner, kind.weight
+        )
         try:
             result = self.try_once(request, kind)
         except BackendError as exc:

@@ -26,6 +26,7 @@ waiters are served in order (``own_place``) and multi-key waiters keep a place o
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from os import urandom
 
 from .. import _policy
@@ -86,6 +87,7 @@ class Waiting:
         "now",
         "own",
         "own_id",
+        "owner",
         "pause",
         "queued",
         "result",
@@ -118,8 +120,10 @@ class Waiting:
         below: str = "",
         failure: BackendError | None = None,
         multi: bool = False,
+        owner: Callable[[str], str] = str,
     ) -> None:
         self.keys = keys
+        self.owner = owner
         self.kind = kind
         self.lease = lease
         self.start = start
@@ -233,7 +237,9 @@ class Waiting:
         kind = self.kind
         front = self.woken and not self.own
         keys, token, lease, waiter = self.keys, self.token, self.lease, self.waiter
-        return AcquireRequest(kind.name, keys, token, lease, waiter, front, self.below, kind.permits)
+        return AcquireRequest(
+            kind.name, keys, token, lease, waiter, front, self.below, kind.permits, self.owner(keys[0]), kind.weight
+        )
 
     def attempted(self, result: AcquireResult) -> bool:
         """The store's answer; ``True`` when acquired (the attempt took us off the queue)."""

@@ -11,21 +11,36 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from ..._policy import FAIR_GONE_AFTER
-from ..base import AcquireRequest, AcquireResult, KeyState, ReleaseResult, RenewItem
-from ._state import QUEUE_TTL, Hold, StateBase
+from ..base import AcquireRequest, AcquireResult, HolderState, KeyState, ReleaseResult, RenewItem
+from ._state import QUEUE_TTL, WAKE_LIMIT, Hold, StateBase
 
 __all__ = ["MemoryState"]
+
+
+class _Share(NamedTuple):
+    """A semaphore holder's or a reader's hold: its lease end, fencing token, permits taken
+    (its weight) and owner record."""
+
+    ends: float
+    fence: int
+    weight: int = 1
+    record: str = ""
 
 
 @dataclass(slots=True)
 class _Semaphore:
     """A semaphore: its number of permits (``None`` until first used; kept for good, as the
-    ``…:sem:permits`` key) and its holders, token -> (lease end, fencing token)."""
+    ``…:sem:permits`` key) and its holders, token -> their :class:`_Share`."""
 
     permits: int | None = None
-    holders: dict[str, tuple[float, int]] = field(default_factory=dict)
+    holders: dict[str, _Share] = field(default_factory=dict)
+
+    @property
+    def in_use(self) -> int:
+        return sum(share.weight for share in self.holders.values())
 
 
 @dataclass(slots=True)
@@ -35,16 +50,23 @@ class _ReadWrite:
     ``waiting_until`` (the ``…:rw:wq`` key's 60 s)."""
 
     writer: Hold | None = None
-    readers: dict[str, tuple[float, int]] = field(default_factory=dict)
+    readers: dict[str, _Share] = field(default_factory=dict)
     waiting: dict[str, float] = field(default_factory=dict)
     waiting_until: float = 0.0
 
 
-def _live(holders: dict[str, tuple[float, int]], now: float) -> dict[str, tuple[float, int]]:
+def _live(holders: dict[str, _Share], now: float) -> dict[str, _Share]:
     """Drop the holders whose lease ended; the same dict."""
-    for token in [token for token, (ends, _) in holders.items() if ends <= now]:
+    for token in [token for token, share in holders.items() if share.ends <= now]:
         del holders[token]
     return holders
+
+
+def _holders(holders: dict[str, _Share], now: float) -> tuple[HolderState, ...]:
+    return tuple(
+        HolderState(token, share.record, share.ends - now, share.fence, share.weight)
+        for token, share in holders.items()
+    )
 
 
 class MemoryState(StateBase):
@@ -112,7 +134,7 @@ class MemoryState(StateBase):
                 held = holders.get(token)
                 renewed = held is not None
                 if held is not None:
-                    holders[token] = (now + lease, held[1])
+                    holders[token] = held._replace(ends=now + lease)
             statuses.append(renewed)
         return statuses
 
@@ -155,10 +177,10 @@ class MemoryState(StateBase):
         holders = _live(sem.holders, now)
         own = holders.get(token)
         if own is not None:
-            return AcquireResult(True, own[1])
-        if len(holders) < (wanted if sem.permits is None else sem.permits):
+            return AcquireResult(True, own.fence)
+        if sem.in_use + request.weight <= (wanted if sem.permits is None else sem.permits):
             fence = self.next_fence(key)
-            holders[token] = (now + request.lease, fence)
+            holders[token] = _Share(now + request.lease, fence, request.weight, request.owner)
             if waiter is not None:
                 self.dequeue("semaphore", key, waiter, now)
             return AcquireResult(True, fence)
@@ -166,20 +188,24 @@ class MemoryState(StateBase):
             self.enqueue("semaphore", key, waiter, now, request.front)
         if not holders:
             return AcquireResult(False)  # no permits at all: nothing will free up by itself
-        return AcquireResult(False, holder_ttl=max(0.001, min(ends for ends, _ in holders.values()) - now))
+        return AcquireResult(False, holder_ttl=max(0.001, min(share.ends for share in holders.values()) - now))
 
     def sem_release(self, key: str, token: str, now: float) -> ReleaseResult:
         sem = self.live_semaphore(key, now)
-        if sem.holders.pop(token, None) is None:
+        share = sem.holders.pop(token, None)
+        if share is None:
             return ReleaseResult.NOT_OWNER
-        self.wake("semaphore", key, now)
+        if share.weight == 1:
+            self.wake("semaphore", key, now)
+        else:  # as many waiters as permits came back (each may want one)
+            self.wake("semaphore", key, now, min(WAKE_LIMIT, share.weight), one=False)
         return ReleaseResult.RELEASED
 
     def permits(self, key: str, set_to: int | None, now: float) -> tuple[int | None, int]:
         """sem_set.lua: ``(permits, in use)``; raising the number wakes that many more waiters,
         lowering it takes no permit away."""
         sem = self.live_semaphore(key, now)
-        in_use = len(sem.holders)
+        in_use = sem.in_use
         if set_to is None:
             return sem.permits, in_use
         old = 0 if sem.permits is None else sem.permits
@@ -225,25 +251,25 @@ class MemoryState(StateBase):
         else:
             own = rw.readers.get(token)
             if own is not None:
-                return AcquireResult(True, own[1])
+                return AcquireResult(True, own.fence)
             downgrade = request.below != "" and self._writer_is(rw, request.below)
             free = downgrade or (not rw.waiting and rw.writer is None)
         if free:
             fence = self.next_fence(key)
             rw = self.rws.setdefault(key, rw)
             if writing:
-                rw.writer = Hold(token, fence, now + request.lease, "write")
+                rw.writer = Hold(token, fence, now + request.lease, "write", request.owner)
                 if waiter is not None:
                     rw.waiting.pop(waiter, None)
             else:
-                rw.readers[token] = (now + request.lease, fence)
+                rw.readers[token] = _Share(now + request.lease, fence, 1, request.owner)
             if waiter is not None:
                 self.dequeue("rw", key, waiter, now)
             return AcquireResult(True, fence)
         if rw.writer is not None:
             hint = rw.writer.ends - now
         elif rw.readers:
-            hint = min(ends for ends, _ in rw.readers.values()) - now
+            hint = min(share.ends for share in rw.readers.values()) - now
         else:
             hint = FAIR_GONE_AFTER  # only waiting writers keep this reader out
         if waiter is not None:
@@ -278,18 +304,22 @@ class MemoryState(StateBase):
         states = self.lock_states(key, now)
         sem = self.live_semaphore(key, now)
         if sem.holders:
-            ends = max(ends for ends, _ in sem.holders.values())
-            fence = max(fence for _, fence in sem.holders.values())
+            ends = max(share.ends for share in sem.holders.values())
+            fence = max(share.fence for share in sem.holders.values())
             waiters = self.waiting("semaphore", key, now)
-            states.append(KeyState(key, "semaphore", len(sem.holders), ends - now, fence, waiters, sem.permits))
+            held = _holders(sem.holders, now)
+            states.append(KeyState(key, "semaphore", len(sem.holders), ends - now, fence, waiters, sem.permits, held))
         rw = self.live_rw(key, now)
         waiters = self.waiting("rw", key, now)
-        if rw.writer is not None:
-            states.append(KeyState(key, "write", 1, rw.writer.ends - now, rw.writer.fence, waiters))
+        writer = rw.writer
+        if writer is not None:
+            holder = HolderState(writer.owner, writer.record, writer.ends - now, writer.fence)
+            states.append(KeyState(key, "write", 1, writer.ends - now, writer.fence, waiters, None, (holder,)))
         if rw.readers:
-            ends = max(ends for ends, _ in rw.readers.values())
-            fence = max(fence for _, fence in rw.readers.values())
-            states.append(KeyState(key, "read", len(rw.readers), ends - now, fence, waiters))
+            ends = max(share.ends for share in rw.readers.values())
+            fence = max(share.fence for share in rw.readers.values())
+            held = _holders(rw.readers, now)
+            states.append(KeyState(key, "read", len(rw.readers), ends - now, fence, waiters, None, held))
         return states
 
     def held_keys(self, prefix: str, pattern: str, now: float) -> list[str]:
@@ -313,7 +343,7 @@ class MemoryState(StateBase):
         sem = self.live_semaphore(key, now)
         if sem.holders:
             held = True
-            freed = len(sem.holders)
+            freed = sem.in_use
             sem.holders.clear()
             self.wake("semaphore", key, now, min(16, freed), one=False)
         rw = self.live_rw(key, now)

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from ..._policy import FAIR_GONE_AFTER, FAIR_SUBSCRIBE_GRACE
-from ..base import AcquireRequest, AcquireResult, KeyState, ReleaseResult, RenewItem
+from ..base import AcquireRequest, AcquireResult, HolderState, KeyState, ReleaseResult, RenewItem
 
 __all__ = ["FAIR_SCAN", "QUEUE_TTL", "WAKE_LIMIT", "Hold", "Queue", "StateBase"]
 
@@ -57,6 +57,8 @@ class Hold:
     fence: int
     ends: float
     kind: str = "lock"
+    #: The owner record sent with the acquisition (``AcquireRequest.owner``).
+    record: str = ""
 
 
 @dataclass(slots=True)
@@ -157,7 +159,7 @@ class StateBase:
         key, token, waiter = request.key, request.token, request.waiter
         held = self.live_lock(key, now)
         if held is None:
-            held = self.locks[key] = Hold(token, self.next_fence(key), now + request.lease)
+            held = self.locks[key] = Hold(token, self.next_fence(key), now + request.lease, "lock", request.owner)
             if waiter is not None:
                 self.dequeue("lock", key, waiter, now)
             return AcquireResult(True, held.fence)
@@ -186,7 +188,7 @@ class StateBase:
             first = found.ids[0] if found.ids else None
         held = self.live_lock(key, now)
         if held is None and (first is None or first == waiter):
-            held = self.locks[key] = Hold(token, self.next_fence(key), now + request.lease, "fair")
+            held = self.locks[key] = Hold(token, self.next_fence(key), now + request.lease, "fair", request.owner)
             if waiter is not None:
                 self.dequeue("fair", key, waiter, now)
             else:
@@ -226,7 +228,7 @@ class StateBase:
         for key, fence in taken.items():
             if fence is None:
                 fence = self.next_fence(key)
-                self.locks[key] = Hold(token, fence, now + request.lease)
+                self.locks[key] = Hold(token, fence, now + request.lease, "lock", request.owner)
             fences[key] = fence
             if waiter is not None:
                 self.dequeue("lock", key, waiter, now)
@@ -285,4 +287,6 @@ class StateBase:
         if held is None:
             return []
         role = "fair" if held.kind == "fair" else "lock"
-        return [KeyState(key, held.kind, 1, held.ends - now, held.fence, self.waiting(role, key, now))]
+        ends = held.ends - now
+        holder = HolderState(held.owner, held.record, ends, held.fence)
+        return [KeyState(key, held.kind, 1, ends, held.fence, self.waiting(role, key, now), None, (holder,))]

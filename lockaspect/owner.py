@@ -1,0 +1,89 @@
+"""Owner records: who holds a lock, as the store keeps it with the hold.
+
+Every acquisition sends a compact JSON object with the hold (``AcquireRequest.owner``)::
+
+    {"host": "web-3", "pid": 4121, "thread": "MainThread", "function": "create_order",
+     "template": "order:<user.id>", "acquired_at": 1795500000.123}
+
+``function`` and ``template`` are the decorated function's qualified name and key template
+(``null`` for ``client.lock``); ``thread`` is the thread's name, or the asyncio task's. The
+operator tools (:meth:`LockClient.describe <lockaspect.LockClient.describe>`, the
+``lockaspect`` command) read it back. A client made with ``owner_info=False`` sends ``""``
+and the store records nothing.
+
+Building a record is on the hot path: everything but the time is cached per (thread,
+function, template), so a record costs one dictionary lookup and one float formatting.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from contextvars import ContextVar
+from typing import Any
+
+__all__ = ["ORIGIN", "Origin", "owner_record", "parse_owner"]
+
+#: ``(function, template)`` of a decorated function.
+Origin = tuple[str, "str | None"]
+#: The decorated call running in this context: its origin and the key(s) it locks, set by the
+#: aspect around the call; an acquisition of another key in its body (``client.lock``) is not
+#: the decorated call's and records no function.
+ORIGIN: ContextVar[tuple[Origin, str | tuple[str, ...]] | None] = ContextVar("lockaspect_origin", default=None)
+
+_CACHE_LIMIT = 4096
+_heads: dict[tuple[str, Origin | None], str] = {}
+_host = socket.gethostname()
+_pid = os.getpid()
+
+
+def _head(thread: str, origin: Origin | None) -> str:
+    function, template = origin if origin is not None else (None, None)
+    fields = {"host": _host, "pid": _pid, "thread": thread, "function": function, "template": template}
+    head = json.dumps(fields, separators=(",", ":"), ensure_ascii=False)[:-1] + ',"acquired_at":'
+    if len(_heads) >= _CACHE_LIMIT:
+        _heads.clear()  # thread and task names may be unbounded (task-1, task-2, ...)
+    _heads[(thread, origin)] = head
+    return head
+
+
+def owner_record(key: str, thread: str | None = None) -> str:
+    """The owner record of an acquisition of ``key`` made now by this context (``thread``: the
+    asyncio task's name; default the current thread's)."""
+    if thread is None:
+        thread = threading.current_thread().name
+    call = ORIGIN.get()
+    origin = None
+    if call is not None:
+        keys = call[1]
+        if key == keys or (isinstance(keys, tuple) and key in keys):
+            origin = call[0]
+    head = _heads.get((thread, origin))
+    if head is None:
+        head = _head(thread, origin)
+    return f"{head}{time.time():.3f}}}"
+
+
+def parse_owner(record: str | bytes | None) -> dict[str, Any]:
+    """The fields of an owner record (``{}`` for none, or for a value that is not one: a
+    store written by an older version, or by hand)."""
+    if not record:
+        return {}
+    try:
+        fields = json.loads(record)
+    except (ValueError, UnicodeDecodeError):
+        return {}
+    return fields if isinstance(fields, dict) else {}
+
+
+def _after_fork_in_child() -> None:
+    global _pid
+    _pid = os.getpid()
+    _heads.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
