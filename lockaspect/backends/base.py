@@ -23,7 +23,7 @@ import math
 import os
 import re
 import threading
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Iterator, Sequence
 from typing import NamedTuple, Protocol, runtime_checkable
 
 from ..errors import ConfigurationError
@@ -32,7 +32,9 @@ __all__ = [
     "KINDS",
     "AcquireRequest",
     "AcquireResult",
+    "AddsPermits",
     "AdminStore",
+    "AsyncAdminStore",
     "AsyncNotifier",
     "AsyncStore",
     "AsyncSubscription",
@@ -415,6 +417,32 @@ class AdminStore(Protocol):
         """``(permits, in use)`` of semaphore ``key``, after setting its permits to ``set_to``
         if given (``None`` permits: never set)."""
         ...
+
+
+@runtime_checkable
+class AddsPermits(Protocol):
+    """The optional part of an admin store that changes a semaphore's permits by a delta in
+    one step (without it, the client reads the number and sets it: two round trips)."""
+
+    def add_permits(self, key: str, delta: int) -> tuple[int, int]:
+        """Add ``delta`` (negative: take away) to semaphore ``key``'s permits, never below 0;
+        ``(permits, in use)`` after. A semaphore never used starts from 0. Raising it wakes
+        waiters; lowering it takes no permit away from holders."""
+        ...
+
+
+@runtime_checkable
+class AsyncAdminStore(Protocol):
+    """:class:`AdminStore` for one event loop (without it, the client runs the sync admin
+    calls in a worker thread)."""
+
+    async def describe(self, key: str) -> list[KeyState]: ...
+
+    def held_keys(self, pattern: str = "*") -> AsyncIterator[str]: ...
+
+    async def force_release(self, key: str) -> bool: ...
+
+    async def permits(self, key: str, set_to: int | None = None) -> tuple[int | None, int]: ...
 
 
 # -- helpers every store may use ----------------------------------------------------------

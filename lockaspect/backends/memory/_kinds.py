@@ -213,6 +213,13 @@ class MemoryState(StateBase):
         self.semaphores.setdefault(key, sem).permits = set_to
         return set_to, in_use
 
+    def add_permits(self, key: str, delta: int, now: float) -> tuple[int, int]:
+        """:meth:`permits` set to the current number plus ``delta`` (at least 0)."""
+        current = self.live_semaphore(key, now).permits or 0
+        permits, in_use = self.permits(key, max(0, current + delta), now)
+        assert permits is not None
+        return permits, in_use
+
     # -- read-write locks ---------------------------------------------------------------
 
     def live_rw(self, key: str, now: float) -> _ReadWrite:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
@@ -150,6 +150,25 @@ class _MemoryBase:
         self._check_kind(kind)
         self._shared.run(lambda now: self._shared.state.unqueue(self.namespace + key, waiter, kind, now))
 
+    def _describe(self, key: str) -> list[KeyState]:
+        states = self._shared.run(lambda now: self._shared.state.describe(self.namespace + key, now))
+        return [state._replace(key=key) for state in states]
+
+    def _held_keys(self, pattern: str) -> list[str]:
+        return self._shared.run(lambda now: self._shared.state.held_keys(self.namespace, pattern, now))
+
+    def _force_release(self, key: str) -> bool:
+        return self._shared.run(lambda now: self._shared.state.force_release(self.namespace + key, now))
+
+    def _permits(self, key: str, set_to: int | None) -> tuple[int | None, int]:
+        if set_to is not None and (isinstance(set_to, bool) or not isinstance(set_to, int) or set_to < 0):
+            raise ConfigurationError(f"permits must be an int >= 0, got {set_to!r}")
+        return self._shared.run(lambda now: self._shared.state.permits(self.namespace + key, set_to, now))
+
+    def _add_permits(self, key: str, delta: int) -> tuple[int, int]:
+        delta = _check_delta(delta)
+        return self._shared.run(lambda now: self._shared.state.add_permits(self.namespace + key, delta, now))
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} namespace={self.namespace!r}>"
 
@@ -240,27 +259,36 @@ class MemoryStore(_MemoryBase):
 
     def describe(self, key: str) -> list[KeyState]:
         """One :class:`KeyState` per kind held at ``key`` (empty: free)."""
-        states = self._shared.run(lambda now: self._shared.state.describe(self.namespace + key, now))
-        return [state._replace(key=key) for state in states]
+        return self._describe(key)
 
     def held_keys(self, pattern: str = "*") -> Iterator[str]:
         """The keys of this namespace held now whose name matches the glob ``pattern``."""
-        return iter(self._shared.run(lambda now: self._shared.state.held_keys(self.namespace, pattern, now)))
+        return iter(self._held_keys(pattern))
 
     def force_release(self, key: str) -> bool:
         """Delete every hold of ``key`` whoever holds it, waking waiters (fencing counters are
         kept); whether anything was held."""
-        return self._shared.run(lambda now: self._shared.state.force_release(self.namespace + key, now))
+        return self._force_release(key)
 
     def permits(self, key: str, set_to: int | None = None) -> tuple[int | None, int]:
         """``(permits, in use)`` of semaphore ``key``, after setting its permits to ``set_to``."""
-        if set_to is not None and (isinstance(set_to, bool) or not isinstance(set_to, int) or set_to < 0):
-            raise ConfigurationError(f"permits must be an int >= 0, got {set_to!r}")
-        return self._shared.run(lambda now: self._shared.state.permits(self.namespace + key, set_to, now))
+        return self._permits(key, set_to)
+
+    def add_permits(self, key: str, delta: int) -> tuple[int, int]:
+        """Add ``delta`` to semaphore ``key``'s permits in one step (see ``AddsPermits``)."""
+        return self._add_permits(key, delta)
 
     def __repr__(self) -> str:
         name = "" if self.name is None else f" name={self.name!r}"
         return f"<MemoryStore{name} namespace={self.namespace!r}>"
+
+    # -- the admin operations both twins run --
+
+
+def _check_delta(delta: object) -> int:
+    if isinstance(delta, bool) or not isinstance(delta, int):
+        raise TypeError(f"the permits to add must be an int, got {type(delta).__name__}")
+    return delta
 
 
 class AsyncMemoryStore(_MemoryBase):
@@ -295,6 +323,22 @@ class AsyncMemoryStore(_MemoryBase):
             if self._notifier is None:
                 self._notifier = AsyncMemoryNotifier(self._shared, self.namespace)
             return self._notifier
+
+    async def describe(self, key: str) -> list[KeyState]:
+        return self._describe(key)
+
+    async def held_keys(self, pattern: str = "*") -> AsyncIterator[str]:
+        for key in self._held_keys(pattern):
+            yield key
+
+    async def force_release(self, key: str) -> bool:
+        return self._force_release(key)
+
+    async def permits(self, key: str, set_to: int | None = None) -> tuple[int | None, int]:
+        return self._permits(key, set_to)
+
+    async def add_permits(self, key: str, delta: int) -> tuple[int, int]:
+        return self._add_permits(key, delta)
 
     async def aclose(self) -> None:
         """Wake this twin's waiters and stop notifying (idempotent)."""
