@@ -23,6 +23,8 @@ from .errors import LockError as LockError
 from .errors import LockLost as LockLost
 from .errors import LockNotAcquired as LockNotAcquired
 from .errors import NotReplicated as NotReplicated
+from .info import Holder as Holder
+from .info import LockInfo as LockInfo
 from .keys import register_converter as register_converter
 from .keys import register_resolver as register_resolver
 from .lease import Lease as Lease
@@ -35,10 +37,12 @@ __all__ = [
     "BackendError",
     "ConfigurationError",
     "FailureContext",
+    "Holder",
     "KeyTemplateError",
     "Lease",
     "LockClient",
     "LockError",
+    "LockInfo",
     "LockLost",
     "LockNotAcquired",
     "MultiLease",

@@ -490,16 +490,6 @@ def distributed_semaphore(
         def render(doc): ...
     """
     return _decorator(
-        key,
-        client,
-        policy,
-        permits=permits,
-        lease=lease,
-        delay_weight=delay_weight,
-        wait=wait,
-        on_failure=on_failure,
-        on_lost=on_lost,
-        executor=executor,
-        max_hold=max_hold,
-        wait_strategy=wait_strategy,
-    )
+        key, client, policy, permits=permits, lease=lease, delay_weight=delay_weight, wait=wait,
+        on_failure=on_failure, on_lost=on_lost, executor=executor, max_hold=max_hold, wait_strategy=wait_strategy,
+    )  # fmt: skip

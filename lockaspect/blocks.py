@@ -47,6 +47,11 @@ def _uncancel_lost(lost_cancel: LostCancel | None, exc: BaseException | None, le
         raise lost_error(lost, "; the block was cancelled", exc) from exc
 
 
+def _given(hold: Hold) -> bool:
+    """Whether ``hold`` was given back already (``lease.release()`` inside the block)."""
+    return hold.ref is None or hold.ref not in hold.lease._refs
+
+
 class LockBlock:
     """The context manager returned by :meth:`LockClient.lock <lockaspect.LockClient.lock>`,
     for ``with`` and ``async with``.
@@ -79,11 +84,13 @@ class LockBlock:
     ) -> None:
         hold, self._hold = self._hold, None
         assert hold is not None
+        given = _given(hold)
         try:
             _HELD.reset(self._token)
         finally:
             self._engine.sync.release(hold)
-        raise_if_lost(hold.lease, exc)
+        if not given:
+            raise_if_lost(hold.lease, exc)
 
     async def __aenter__(self) -> Lease:
         if self._hold is not None:
@@ -104,6 +111,7 @@ class LockBlock:
         hold, self._hold = self._hold, None
         assert hold is not None
         lease = hold.lease
+        given = _given(hold)
         lost_cancel, self._lost_cancel = self._lost_cancel, None
         if lost_cancel is not None:
             lost_cancel.task = _DONE  # from here on a loss must not cancel the task
@@ -114,7 +122,8 @@ class LockBlock:
         finally:
             await runner.release(hold, runner.state())
         _uncancel_lost(lost_cancel, exc, (lease,))
-        raise_if_lost(lease, exc)
+        if not given:
+            raise_if_lost(lease, exc)
 
 
 class MultiLockBlock:

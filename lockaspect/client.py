@@ -14,7 +14,7 @@ from concurrent.futures import Executor
 from typing import Any
 
 from . import _policy, _scope
-from .backends.base import AdminStore, Capability, Store
+from .backends.base import Capability, Store
 from .blocks import LockBlock, MultiLockBlock, RWLock
 from .engine.aio import AsyncRunner
 from .engine.core import Engine
@@ -22,7 +22,9 @@ from .engine.sync import SyncRunner
 from .errors import ConfigurationError
 from .executor import check_executor
 from .keys import check_key, check_keys
+from .manual import Manual, weighted
 from .observe import ClientStats, LogObserver, Observer, Observers, StatsObserver
+from .operations import Operations
 from .options import SPEC_FIELDS, LockSpec, OnLost
 from .options import WAIT_STRATEGIES as WAIT_STRATEGIES
 from .xact import open_block
@@ -33,7 +35,7 @@ __all__ = ["ClientStats", "LockClient", "LockSpec"]
 _clients: weakref.WeakSet[LockClient] = weakref.WeakSet()
 
 
-class LockClient:
+class LockClient(Operations, Manual):
     """A connection to one lock store, with its timer, watchdog and default executor.
 
     Create one per store and process (usually through :meth:`from_url`) and share it: it
@@ -56,7 +58,15 @@ class LockClient:
             ``Capability.REPLICAS``: Redis). ``None`` (default): no wait.
         observers: Callables told of every :class:`~lockaspect.observe.LockEvent`; one that
             raises is logged once and never fails a lock (see :mod:`lockaspect.observe`).
+        owner_info: Record who holds each lock with the hold (host, pid, thread or task,
+            decorated function and key template, time), for :meth:`describe` and
+            ``lockaspect list``. Default ``True``; ``False`` records nothing.
         clock: Monotonic clock, injectable for tests (a :class:`~lockaspect.testing.ManualClock`).
+
+    The operator tools (:meth:`describe`, :meth:`held_locks`, :meth:`locked`,
+    :meth:`force_release`, the semaphores' permits) are in
+    :class:`~lockaspect.operations.Operations`; the per-lease calls (:meth:`acquire`,
+    :meth:`adopt`) in :class:`~lockaspect.manual.Manual`.
     """
 
     def __init__(
@@ -69,8 +79,11 @@ class LockClient:
         executor: Executor | str | None = None,
         wait_replicas: tuple[int, float] | None = None,
         observers: Iterable[Observer] | None = None,
+        owner_info: bool = True,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        if not isinstance(owner_info, bool):
+            raise TypeError(f"owner_info must be a bool, got {type(owner_info).__name__}")
         lease, tick_s, weight = _policy.client_settings(watchdog_lease, tick, delay_weight)
         users = Observers.check(observers)
         replicated = _policy.check_wait_replicas(wait_replicas, None)
@@ -93,6 +106,7 @@ class LockClient:
             wait_replicas=replicated,
             clock=clock,
             emit=Observers([LogObserver(), *users], stats=self._stats),
+            owner_info=owner_info,
         )
         self._sync = engine.sync = SyncRunner(engine)
         self._async = engine.aio = AsyncRunner(engine)
@@ -110,6 +124,7 @@ class LockClient:
         executor: Executor | str | None = None,
         wait_replicas: tuple[int, float] | None = None,
         observers: Iterable[Observer] | None = None,
+        owner_info: bool = True,
         **redis_options: Any,
     ) -> LockClient:
         """A client for the lock store ``url`` names: a Redis or Valkey server, or this
@@ -149,6 +164,7 @@ class LockClient:
             executor=executor,
             wait_replicas=wait_replicas,
             observers=observers,
+            owner_info=owner_info,
         )
 
     @classmethod
@@ -162,6 +178,7 @@ class LockClient:
         delay_weight: float | None = None,
         executor: Executor | str | None = None,
         observers: Iterable[Observer] | None = None,
+        owner_info: bool = True,
         **redis_options: Any,
     ) -> LockClient:
         """A client whose locks are RedLock locks over several independent servers.
@@ -187,7 +204,7 @@ class LockClient:
 
         settings = {"watchdog_lease": watchdog_lease, "tick": tick, "delay_weight": delay_weight}
         store = open_redlock(urls, namespace=namespace, **redis_options)
-        return cls._on(store, **settings, executor=executor, observers=observers)
+        return cls._on(store, **settings, executor=executor, observers=observers, owner_info=owner_info)
 
     @classmethod
     def _on(cls, store: Store, **settings: Any) -> LockClient:
@@ -344,6 +361,7 @@ class LockClient:
         on_lost: OnLost | None = None,
         max_hold: float | None = None,
         wait_strategy: str = "notify",
+        count: int = 1,
     ) -> LockBlock:
         """Hold one of ``permits`` permits of the semaphore ``key`` for a ``with`` (or
         ``async with``) block; the block gets the permit's :class:`Lease`.
@@ -352,7 +370,9 @@ class LockClient:
         own, so a dead holder's permit comes back when its lease ends. Waiting, ``LockLost``
         and re-entry work as for :meth:`lock`. The store remembers the number of permits:
         entering with another number raises :class:`ConfigurationError` and changes nothing
-        (use :meth:`set_permits`; docs/concepts/semaphore.md).
+        (use :meth:`set_permits`; docs/concepts/semaphore.md). ``count=k`` takes ``k``
+        permits at once, all or none, under one lease (checked before any I/O: 1 to
+        ``permits``).
 
         Example::
 
@@ -368,30 +388,7 @@ class LockClient:
             wait_strategy=wait_strategy,
             permits=permits,
         )
-        return LockBlock(self._engine, check_key(key), spec)
-
-    def set_permits(self, key: str, permits: int) -> None:
-        """Set the number of permits of the semaphore ``key`` (creating it if needed).
-
-        Raising it wakes waiters at once. Lowering it takes no permit away: holders keep
-        theirs, and new permits are handed out once fewer are held than the new number.
-        Callers that still pass the old number get :class:`ConfigurationError`.
-        """
-        spec = LockSpec.create(permits=permits)
-        assert spec.permits is not None
-        self._admin("set_permits").permits(check_key(key), spec.permits)
-
-    def permits(self, key: str) -> tuple[int | None, int]:
-        """``(permits, in use)`` of the semaphore ``key``: its number of permits (``None`` if
-        it was never used) and how many are held now (leases that have not ended)."""
-        return self._admin("permits").permits(check_key(key))
-
-    def _admin(self, what: str) -> AdminStore:
-        """The store's admin part, for a semaphore's permits."""
-        backend = self.backend
-        if "semaphore" not in backend.kinds or not isinstance(backend, AdminStore):
-            raise ConfigurationError(f"{what}: {backend!r} does not serve semaphores")
-        return backend
+        return LockBlock(self._engine, check_key(key), weighted(spec, count))
 
     def stats(self) -> ClientStats:
         """Counters since the client was created (renewals, lost leases, ...)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar, Token
 from typing import TYPE_CHECKING, Any
@@ -31,11 +32,17 @@ class _Held:
     O(1) memory (a tuple per push would keep every shorter tuple alive through the
     ContextVar tokens: quadratic in the nesting depth)."""
 
-    __slots__ = ("lease", "parent")
+    __slots__ = ("lease", "parent", "ref")
 
-    def __init__(self, lease: Lease, parent: _Held | None) -> None:
+    def __init__(self, lease: Lease | None, parent: _Held | None, ref: weakref.ref[Lease] | None = None) -> None:
+        # A block's frame holds its lease; a client.acquire() lease's frame only refers to it
+        # (the lease may be released in another context, and its handle must be collectable).
         self.lease = lease
         self.parent = parent
+        self.ref = ref
+
+    def get(self) -> Lease | None:
+        return self.lease if self.ref is None else self.ref()
 
 
 # The innermost held lease, linked to the ones around it.
@@ -213,7 +220,73 @@ class Lease:
         state = f"lost:{self.lost_reason}" if self.lost else ("held" if self._holds > 0 else "released")
         return f"<Lease key={self.key!r} fencing_token={self.fencing_token} watchdog={self.watchdog} {state}>"
 
+    # -- acting on the lease (store round trips: lockaspect.engine.manual) -----------------
+
+    @property
+    def hold_count(self) -> int:
+        """How many holds of this lease are not given back: 1 for the acquisition, plus one
+        per re-entry (a nested block, call or ``client.acquire`` of the key in this context);
+        0 once released. Local: no I/O."""
+        return self._holds
+
+    def release(self) -> None:
+        """Give back this hold now; the last one releases the lock in the store (one round
+        trip) and stops its renewal.
+
+        A lease from :meth:`LockClient.acquire <lockaspect.LockClient.acquire>` gives back the
+        hold that call took; a ``with`` block's lease gives back its most recent hold, and
+        the block's exit then does nothing. Raises :class:`~lockaspect.LockLost` when the lease
+        was already released (reason ``"released"``) or was lost before the release (its
+        reason: the store no longer had it for this owner, or its lease ran out), and
+        :class:`~lockaspect.BackendError` when the store could not be reached (the key then
+        expires with its lease)."""
+        self._hand().release(self)
+
+    async def arelease(self) -> None:
+        """:meth:`release` for asyncio."""
+        await self._hand().arelease(self)
+
+    def extend(self, seconds: float, *, replace: bool = False) -> None:
+        """Add ``seconds`` to this fixed lease (``lease=...``), or with ``replace=True`` make it
+        end ``seconds`` from now; one round trip.
+
+        The local lease end moves too, so the lease is not declared lost at its old end.
+        Raises :class:`~lockaspect.LockLost` when the store says the lock is not this owner's
+        any more (or the lease is lost or released already), :class:`~lockaspect.ConfigurationError`
+        for a watchdog lease (the watchdog renews it: use ``lease=`` for a fixed one) or a
+        ``seconds`` that is not a positive number (nothing sent). On a store whose holds last
+        as long as a session (ZooKeeper, PostgreSQL advisory locks) only the local end moves."""
+        self._hand().extend(self, seconds, replace)
+
+    async def aextend(self, seconds: float, *, replace: bool = False) -> None:
+        """:meth:`extend` for asyncio."""
+        await self._hand().aextend(self, seconds, replace)
+
+    def owned(self) -> bool:
+        """Whether the store still has this lock for this lease's owner token: a round trip
+        (:attr:`held` is the local, free answer). ``False`` also marks a held lease lost."""
+        return bool(self._hand().owned(self))
+
+    async def aowned(self) -> bool:
+        """:meth:`owned` for asyncio."""
+        return bool(await self._hand().aowned(self))
+
+    def remaining(self) -> float:
+        """The store's remaining lease for this owner, in seconds (a round trip; the local,
+        more conservative estimate is :attr:`expires_in`): 0.0 once the store no longer has it
+        for this owner, ``math.inf`` for a hold that lasts as long as a session."""
+        return float(self._hand().remaining(self))
+
+    async def aremaining(self) -> float:
+        """:meth:`remaining` for asyncio."""
+        return float(await self._hand().aremaining(self))
+
     # -- internal ---------------------------------------------------------------------
+
+    def _hand(self) -> Any:
+        """The engine's hand operations (lockaspect.engine.manual: the lease is below the engine)."""
+        owner: Any = self._owner
+        return owner.hand
 
     def _mark_lost(self, reason: str) -> bool:
         """Flip to lost; ``True`` for the caller that flipped it (it runs the hooks)."""
@@ -246,19 +319,48 @@ class Lease:
                     pass
 
 
-def current_lease() -> Lease | None:
-    """The :class:`Lease` of the innermost locked call running in this context, or ``None``.
+def current_lease(key: str | None = None) -> Lease | None:
+    """The :class:`Lease` of the innermost locked call running in this context, or ``None``;
+    with ``key``, the lease this context holds on ``key`` (at any depth, of any client), or
+    ``None`` (Redisson's ``isHeldByCurrentThread``).
 
     Inside a decorated function (or a ``with client.lock(...)`` block) this is the lease the
     call holds, also when an executor runs the body in another thread: the context travels
-    with it. Threads you start yourself begin with an empty context and see ``None``.
+    with it; a lease taken with ``client.acquire()`` counts from there until it is released.
+    Threads you start yourself begin with an empty context and see ``None``.
     """
     held = _HELD.get()
-    return None if held is None else held.lease
+    while held is not None:
+        lease = held.get()
+        if lease is not None:
+            if key is None:
+                return lease  # the innermost call's, released or not (see Lease.check)
+            if lease.key == key and lease._holds > 0 and lease._epoch == _EPOCH:
+                return lease
+        held = held.parent
+    return None
 
 
 def _push(lease: Lease) -> Token[_Held | None]:
     return _HELD.set(_Held(lease, _HELD.get()))
+
+
+def _push_weak(lease: Lease) -> None:
+    """Put a ``client.acquire()`` lease on this context's stack (popped by :func:`_pop_released`)."""
+    _HELD.set(_Held(None, _HELD.get(), weakref.ref(lease)))
+
+
+def _pop_released() -> None:
+    """Drop the ``client.acquire()`` frames at the top of this context's stack whose lease has
+    no hold left (a block's frames are its own to reset)."""
+    top = held = _HELD.get()
+    while held is not None and held.ref is not None:
+        lease = held.ref()
+        if lease is not None and lease._holds > 0:
+            break
+        held = held.parent
+    if held is not top:
+        _HELD.set(held)
 
 
 def fork_epoch() -> int:
@@ -272,9 +374,10 @@ def find_held(owner: object, key: str, family: str) -> Lease | None:
     ``key`` through ``owner`` in this process."""
     held = _HELD.get()
     while held is not None:
-        lease = held.lease
+        lease = held.get()
         if (
-            lease._owner is owner
+            lease is not None
+            and lease._owner is owner
             and lease.key == key
             and lease._family == family
             and lease._holds > 0

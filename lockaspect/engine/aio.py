@@ -42,7 +42,7 @@ class AsyncRunner:
 
     # -- the loop's state -----------------------------------------------------------------
 
-    def owner(self, key: str) -> str:
+    def _owner(self, key: str) -> str:
         """The owner record of an acquisition of ``key`` by the running task now ("" without
         owner_info)."""
         if not self.engine.owner_info:
@@ -102,7 +102,7 @@ class AsyncRunner:
         waiter = self._first_waiter(state, key, spec)
         sent = engine.clock()
         failure: BackendError | None = None
-        owner = self.owner(key)
+        owner = self._owner(key)
         request = AcquireRequest(
             kind.name, (key,), token, plan.lease_time, waiter, False, below, kind.permits, owner, kind.weight
         )
@@ -213,7 +213,7 @@ class AsyncRunner:
             if kind.own_place:
                 turn = True  # the wait loop leaves the queue itself
                 w = engine.waiting(
-                    state.store, (key,), token, plan, spec, start, result, waiter, below, failure, owner=self.owner
+                    state.store, (key,), token, plan, spec, start, result, waiter, below, failure, owner=self._owner
                 )
                 return await self.run_wait(state, w, None)
             queued = waiter is not None
@@ -244,7 +244,7 @@ class AsyncRunner:
                     waiter if queued else None,
                     "",
                     failure,
-                    owner=self.owner,
+                    owner=self._owner,
                 )
                 return await self.run_wait(state, w, slot)
             finally:
@@ -347,7 +347,7 @@ class AsyncRunner:
         plan = engine.plan(spec, keys[0], True)
         start = engine.clock()
         w = engine.waiting(
-            state.store, keys, new_token(), plan, spec, start, AcquireResult(False), multi=True, owner=self.owner
+            state.store, keys, new_token(), plan, spec, start, AcquireResult(False), multi=True, owner=self._owner
         )
         result, sent, token = await self.run_wait(state, w, None)
         holds: list[Hold] = []

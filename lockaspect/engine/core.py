@@ -30,7 +30,9 @@ from ..owner import owner_record
 from ..renewal import Renewal, lost_guard
 from ..timer import HashedWheelTimer
 from ..watchdog import Watchdog
+from . import manual
 from .holds import Hold, HoldRef
+from .sweep import Sweeping
 from .waiting import Waiting
 
 if TYPE_CHECKING:
@@ -43,6 +45,10 @@ release_log = logging.getLogger("lockaspect.release")
 acquire_log = logging.getLogger("lockaspect.acquire")
 
 
+def _no_record(key: str) -> str:
+    return ""
+
+
 class Plan(NamedTuple):
     """The lease an acquisition asks for and how it is renewed."""
 
@@ -51,7 +57,7 @@ class Plan(NamedTuple):
     delay_weight: float
 
 
-class Engine:
+class Engine(Sweeping):
     """One client's locks: see the module docstring. Thread-safe."""
 
     #: The runners, set by the client that builds the engine.
@@ -71,8 +77,12 @@ class Engine:
         owner_info: bool = True,
     ) -> None:
         self.store = store
-        #: Whether acquisitions send an owner record (see :mod:`lockaspect.owner`).
+        #: The operations behind Lease.release(), extend(), owned(), remaining().
+        self.hand = manual
+        #: Whether acquisitions send an owner record (see :mod:`lockaspect.owner`), and the
+        #: record of an acquisition of a key by this thread now.
         self.owner_info = owner_info
+        self.owner: Callable[[str], str] = owner_record if owner_info else _no_record
         self.watchdog_lease = watchdog_lease
         self.tick = tick
         self.delay_weight = delay_weight
@@ -162,11 +172,6 @@ class Engine:
         if spec.max_hold is not None and spec.max_hold < lease_time:
             lease_time = spec.max_hold
         return Plan(watchdog, lease_time, delay_weight)
-
-    def owner(self, key: str) -> str:
-        """The owner record of an acquisition of ``key`` by this thread now ("" without
-        owner_info)."""
-        return owner_record(key) if self.owner_info else ""
 
     def early_waiter(self, spec: LockSpec, notifier: Any) -> str | None:
         """The waiter id a first attempt may queue under: when the caller would wait and this
@@ -369,17 +374,6 @@ class Engine:
             return None
         return lease
 
-    def forget(self, lease: Lease) -> None:
-        """``lease`` has no hold left: drop it from the tables (lock held)."""
-        if lease in self.leases:
-            self.leases.discard(lease)
-            held_keys = self.held_keys
-            left = held_keys.get(lease.key, 0) - 1
-            if left > 0:
-                held_keys[lease.key] = left
-            else:
-                held_keys.pop(lease.key, None)
-
     def release_done(self, lease: Lease, code: ReleaseResult | BackendError, abandoned: bool = False) -> None:
         """Act on the store's answer to a release (or on its failure)."""
         record = lease._record
@@ -404,62 +398,6 @@ class Engine:
     def release_failed_locally(self, lease: Lease) -> None:
         """The release was interrupted (not by the store): nobody holds the lease; it expires."""
         self.watchdog.released(lease._record)
-
-    # -- the watchdog thread's sweep (no I/O of its own) ----------------------------------
-
-    def sweep(self) -> None:
-        """Give back the holds whose owner vanished without giving them back, and recount."""
-        orphans = self.orphans
-        abandoned = False
-        while orphans:
-            ref = orphans.popleft()
-            if ref not in ref.lease._refs:
-                continue
-            abandoned = True
-            release_log.warning(
-                "a hold of %r was abandoned without being released (its block or call was unwound by "
-                "an exception raised asynchronously?); releasing it",
-                ref.lease.key,
-            )
-            self.release_abandoned(ref)
-        if not abandoned:
-            return
-        with self.lock:
-            leases = {lease for lease in self.leases if lease._refs}
-            self.leases = leases
-            counts: dict[str, int] = {}
-            for lease in leases:
-                counts[lease.key] = counts.get(lease.key, 0) + 1
-            self.held_keys = counts
-
-    def vanished(self, record: Renewal) -> bool:
-        """Whether a lease the watchdog is about to renew has nobody left to hold it: its
-        lease object is gone, or it has no hold and nobody is releasing it (or a release
-        began a whole lease ago and never finished)."""
-        lease = None if record.lease_ref is None else record.lease_ref()
-        if lease is None:
-            return True
-        if lease._refs:
-            return False  # the usual case, read without the lock: holds only go away under it
-        with self.lock:  # the owner gives its last hold back and claims the release at once
-            if lease._refs:
-                return False
-            since = record.releasing_since
-        return since is None or self.clock() - since > record.lease_time
-
-    def _release_vanished(self, record: Renewal) -> None:
-        self.sync.release_vanished(record)  # a round trip: the thread runner's
-
-    def vanished_released(self, record: Renewal) -> None:
-        """The sweep released a lease nobody held: forget it."""
-        lease = None if record.lease_ref is None else record.lease_ref()
-        if lease is not None:
-            with self.lock:
-                self.forget(lease)
-
-    def held_count(self) -> int:
-        with self.lock:
-            return sum(1 for lease in self.leases if lease._refs)
 
     # -- losses ---------------------------------------------------------------------------
 
