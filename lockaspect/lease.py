@@ -335,7 +335,7 @@ def current_lease(key: str | None = None) -> Lease | None:
         if lease is not None:
             if key is None:
                 return lease  # the innermost call's, released or not (see Lease.check)
-            if lease.key == key and lease._holds > 0 and lease._epoch == _EPOCH:
+            if lease.key == key and lease.held and not getattr(lease._owner, "closed", False):
                 return lease
         held = held.parent
     return None
