@@ -60,7 +60,8 @@ def check_owner(holder: Holder, lease: Lease, *, thread: str | None = None) -> N
     assert holder.fencing_token == lease.fencing_token
     assert 4 <= len(holder.token_prefix) < len(lease.token)
     assert lease.token.startswith(holder.token_prefix)
-    assert holder.acquired_at is not None and abs(holder.acquired_at - lease.acquired_at) < 60
+    assert holder.acquired_at is not None
+    assert abs(holder.acquired_at - lease.acquired_at) < 60
 
 
 @pytest.mark.parametrize("kind", ALL_KINDS)
@@ -75,7 +76,8 @@ def test_describe_names_who_holds_each_kind(client: LockClient, kind: str) -> No
         assert info.kind == {"multi": "lock", "semaphore": "semaphore"}.get(kind, kind)
         (holder,) = info.holders
         check_owner(holder, lease)
-        assert holder.function is None and holder.template is None  # client.lock, not a decorated call
+        assert holder.function is None
+        assert holder.template is None
         check_remaining(client, holder, 30)
         assert info.fencing_token == lease.fencing_token
         assert info.permits == (1 if kind == "semaphore" else None)
@@ -95,7 +97,8 @@ def test_a_decorated_call_records_its_function_and_template(client: LockClient) 
 
     place(42)
     outer, inner = seen
-    assert outer is not None and inner is not None
+    assert outer is not None
+    assert inner is not None
     assert outer.holders[0].function == place.__qualname__
     assert outer.holders[0].template == "order:<order_id>"
     assert inner.holders[0].function is None
@@ -118,10 +121,13 @@ def test_several_readers_and_semaphore_holders_are_listed(client: LockClient) ->
     try:
         ready.wait(BOUND)
         readers = client.describe("rw")
-        assert readers is not None and readers.kind == "read"
+        assert readers is not None
+        assert readers.kind == "read"
         assert sorted(holder.thread or "" for holder in readers.holders) == ["reader-0", "reader-1"]
         sem = client.describe("sem", kind="semaphore")
-        assert sem is not None and sem.permits == 3 and sem.in_use == 2
+        assert sem is not None
+        assert sem.permits == 3
+        assert sem.in_use == 2
         assert {holder.thread for holder in sem.holders} == {"reader-0", "reader-1"}
         assert client.permits("sem") == (3, 2)
     finally:
@@ -151,13 +157,15 @@ def test_held_locks_lists_the_namespace_by_pattern(client: LockClient) -> None:
 def test_force_release_evicts_the_holder_who_is_told(make_client: Callable[..., LockClient]) -> None:
     holder_client, operator = make_client(), make_client()
     lost = threading.Event()
+    held = holder_client.lock("stuck", on_lost=lambda lease: lost.set())
+    lease = held.__enter__()
+    assert operator.force_release("stuck")
+    assert not operator.locked("stuck")
+    with operator.lock("stuck") as taker:  # free at once; the counter was not touched
+        assert taker.fencing_token > lease.fencing_token
+    assert lost.wait(BOUND)  # the holder's next renewal (or probe) found it gone
     with pytest.raises(LockLost) as caught:
-        with holder_client.lock("stuck", on_lost=lambda lease: lost.set()) as lease:
-            assert operator.force_release("stuck")
-            assert not operator.locked("stuck")
-            with operator.lock("stuck") as taker:  # free at once; the counter was not touched
-                assert taker.fencing_token > lease.fencing_token
-            assert lost.wait(BOUND)  # the holder's next renewal (or probe) found it gone
+        held.__exit__(None, None, None)
     assert caught.value.reason == "not-owner"
     assert not operator.force_release("stuck")
 
@@ -165,15 +173,16 @@ def test_force_release_evicts_the_holder_who_is_told(make_client: Callable[..., 
 def test_force_release_wakes_a_waiter(make_client: Callable[..., LockClient]) -> None:
     holder_client, waiter_client, operator = make_client(), make_client(), make_client()
     got: list[int] = []
-    with pytest.raises(LockLost):
-        with holder_client.lock("wake") as lease:
-            waiting = threading.Thread(
-                target=lambda: got.append(_take(waiter_client, "wake")), name="waiter", daemon=True
-            )
-            waiting.start()
-            assert operator.force_release("wake")
-            waiting.join(BOUND)
-            assert got and got[0] > lease.fencing_token
+    held = holder_client.lock("wake")
+    lease = held.__enter__()
+    waiting = threading.Thread(target=lambda: got.append(_take(waiter_client, "wake")), name="waiter", daemon=True)
+    waiting.start()
+    assert operator.force_release("wake")
+    waiting.join(BOUND)
+    assert got
+    assert got[0] > lease.fencing_token
+    with pytest.raises(LockLost):  # its release finds the lock gone
+        held.__exit__(None, None, None)
 
 
 def _take(client: LockClient, key: str) -> int:

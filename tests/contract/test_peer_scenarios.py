@@ -70,7 +70,8 @@ def test_owned_after_another_owner_took_it_is_false(make_client: Callable[..., L
     assert operator.force_release("k")
     taker = operator.acquire("k", lease=30)
     assert not lease.owned()
-    assert lease.lost and lease.lost_reason == "not-owner"
+    assert lease.lost
+    assert lease.lost_reason == "not-owner"
     taker.release()
 
 
@@ -121,21 +122,25 @@ def test_hold_count_counts_reentries(client: LockClient) -> None:
     lease = client.acquire("k")
     assert lease.hold_count == 1
     again = client.acquire("k")
-    assert again.token == lease.token and lease.hold_count == 2
+    assert again.token == lease.token
+    assert lease.hold_count == 2
     with client.lock("k") as inner:
         assert inner.hold_count == 3
     assert lease.hold_count == 2
     again.release()
-    assert lease.hold_count == 1 and client.locked("k")
+    assert lease.hold_count == 1
+    assert client.locked("k")
     lease.release()
-    assert lease.hold_count == 0 and not client.locked("k")
+    assert lease.hold_count == 0
+    assert not client.locked("k")
 
 
 def test_current_lease_by_key(client: LockClient) -> None:
     assert current_lease("k") is None
     lease = client.acquire("k")
     found = current_lease("k")
-    assert found is not None and found.token == lease.token
+    assert found is not None
+    assert found.token == lease.token
     seen: list[object] = []
     thread = threading.Thread(target=lambda: seen.append(current_lease("k")))
     thread.start()
@@ -185,7 +190,8 @@ def test_an_extended_lease_is_not_lost_at_its_old_end(client: LockClient) -> Non
     lease.extend(BOUND)
     ended = threading.Event()
     assert not ended.wait(0.8)  # past the old end: time passing is the scenario
-    assert lease.held and lease.owned()
+    assert lease.held
+    assert lease.owned()
     lease.release()
 
 
@@ -241,7 +247,8 @@ def test_adopt_a_lock_by_its_token(make_client: Callable[..., LockClient]) -> No
         return
     adopted = other.adopt("k", lease.token)
     assert adopted.fencing_token == lease.fencing_token
-    assert adopted.owned() and 0 < adopted.remaining() <= 30.01
+    assert adopted.owned()
+    assert 0 < adopted.remaining() <= 30.01
     adopted.extend(30)
     assert adopted.remaining() > 30
     adopted.release()
@@ -269,10 +276,10 @@ def test_taking_several_permits_at_once(make_client: Callable[..., LockClient]) 
     with one.semaphore("s", permits=3, count=2) as two:
         assert one.permits("s") == (3, 2)
         info = one.describe("s")
-        assert info is not None and [h.permits for h in info.holders] == [2]
-        with pytest.raises(LockNotAcquired):
-            with other.semaphore("s", permits=3, count=2):
-                pass
+        assert info is not None
+        assert [h.permits for h in info.holders] == [2]
+        with pytest.raises(LockNotAcquired), other.semaphore("s", permits=3, count=2):
+            pass
         assert other.permits("s") == (3, 2)  # the busy attempt left nothing
         with other.semaphore("s", permits=3):
             assert other.permits("s") == (3, 3)
