@@ -93,48 +93,54 @@ def _given_back(lease: Lease, hold: Hold) -> Lease | None:
 
 
 def _settle(lease: Lease, code: ReleaseResult | BackendError | None) -> None:
-    """After a hand release: the store's answer, or a loss found meanwhile, as an error."""
-    if code is not None:
-        engine: Any = lease._owner
-        engine.release_done(lease, code)
-        if isinstance(code, BackendError):
-            raise code
+    """After a hand release (whose answer the engine has taken): a store failure, or a loss
+    found meanwhile, as an error."""
+    if isinstance(code, BackendError):
+        raise code
     if lease.lost_reason is not None:
         raise lost_error(lease, " before it was released", None)
+
+
+def _answered(engine: Any, lease: Lease, code: ReleaseResult | BackendError) -> ReleaseResult | BackendError:
+    engine.release_done(lease, code)
+    return code
 
 
 def release(lease: Lease) -> None:
     """:meth:`Lease.release <lockaspect.Lease.release>`."""
     base, hold = _hold_of(lease)
-    to_release = _given_back(base, hold)
     code: ReleaseResult | BackendError | None = None
-    if to_release is not None:
+    if _given_back(base, hold) is not None:
         engine: Any = base._owner
         try:
-            code = engine.store.release(base.key, base.token, base.kind)
+            code = _answered(engine, base, engine.store.release(base.key, base.token, base.kind))
         except BackendError as exc:
-            code = exc
+            code = _answered(engine, base, exc)
         except BaseException:
             engine.release_failed_locally(base)
             raise
     _settle(base, code)
 
 
+async def _store_release(engine: Any, lease: Lease, store: Any) -> ReleaseResult | BackendError:
+    try:
+        return _answered(engine, lease, await store.release(lease.key, lease.token, lease.kind))
+    except BackendError as exc:
+        return _answered(engine, lease, exc)
+    except BaseException:
+        engine.release_failed_locally(lease)
+        raise
+
+
 async def arelease(lease: Lease) -> None:
-    """:meth:`Lease.arelease <lockaspect.Lease.arelease>`."""
+    """:meth:`Lease.arelease <lockaspect.Lease.arelease>`: the release runs in a task of its
+    own, so a caller cancelled meanwhile stops waiting and the release still completes."""
     base, hold = _hold_of(lease)
-    to_release = _given_back(base, hold)
     code: ReleaseResult | BackendError | None = None
-    if to_release is not None:
+    if _given_back(base, hold) is not None:
         engine: Any = base._owner
         state = engine.aio.state()
-        try:
-            code = await asyncio.shield(state.spawn(state.store.release(base.key, base.token, base.kind)))
-        except BackendError as exc:
-            code = exc
-        except BaseException:
-            engine.release_failed_locally(base)
-            raise
+        code = await asyncio.shield(state.spawn(_store_release(engine, base, state.store)))
     _settle(base, code)
 
 
