@@ -185,7 +185,8 @@ def infos_from(key: str, states: Sequence[KeyState]) -> list[LockInfo]:
     groups: dict[str, list[KeyState]] = {}
     for state in states:
         groups.setdefault(_group(state), []).append(state)
-    return [_merge(key, grouped) for grouped in groups.values()]
+    order = {"lock": 0, "rw": 1, "semaphore": 2}
+    return [_merge(key, groups[group]) for group in sorted(groups, key=lambda group: order.get(group, 3))]
 
 
 def check_kind(kind: str | None) -> str | None:
