@@ -5,9 +5,9 @@
 --          hold per owner: re-entries are counted by the client), where the owner field is
 --          the owner token as it is, except that "fence" and tokens starting with "#" are
 --          stored with a "#" in front (lib.lua's owner_field): no token's field is "fence".
---          The owner record is ARGV[3], or 1 when it is empty (lib.lua's owner_value; a hold
---          written before owner records were kept holds 1 too); it shares the hash's TTL, so
---          it goes with the hold. A fair lock's hash also holds "#fair" = 1 (no token's
+--          The owner record is ARGV[3], or 1 when it is empty (holds.lua's owner_value; a
+--          hold written before owner records were kept holds 1 too); it shares the hash's
+--          TTL, so it goes with the hold. A fair lock's hash also holds "#fair" = 1 (no token's
 --          field). A value of another type there (not written by lockaspect) is another
 --          owner's: busy, as long as its TTL
 -- KEYS[2]  the lock's fence counter (never expires: fencing tokens must keep growing)
@@ -45,6 +45,7 @@ if waiter == '' then
   waiter = nil
 end
 local owner = owner_field(ARGV[1])
+local record = ARGV[3] ~= '' and ARGV[3] or 1 -- holds.lua's owner_value, inline (hot path)
 local now, first, queue
 local gone = 0 -- fair lock: the first `gone` waiters of the queue left it (not seen lately)
 if fair then
@@ -83,9 +84,9 @@ end
 if takes then
   fence = fence_write(KEYS[2], seed)
   if fair then
-    redis.call('HSET', KEYS[1], owner, owner_value(ARGV[3]), 'fence', fence, '#fair', 1)
+    redis.call('HSET', KEYS[1], owner, record, 'fence', fence, '#fair', 1)
   else
-    redis.call('HSET', KEYS[1], owner, owner_value(ARGV[3]), 'fence', fence)
+    redis.call('HSET', KEYS[1], owner, record, 'fence', fence)
   end
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   if waiter then

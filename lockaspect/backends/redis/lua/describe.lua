@@ -26,6 +26,7 @@
 --          1 but for a semaphore)}. A value of another type at a holder key (not written by
 --          lockaspect) counts as one holder without a fencing token, and is not listed.
 -- include: lib.lua
+-- include: holds.lua
 local now = server_ms()
 
 local function llen(queue)
@@ -87,7 +88,7 @@ local function hash_entry(kind, key, waiters)
 end
 
 -- a sorted set {<owner token> = server ms when its lease ends}, with its fences and owner
--- records (lib.lua's share_value) and weights by owner token
+-- records (holds.lua's share_value) and weights by owner token
 local function zset_entry(kind, key, fences, weights, waiters, permits)
   local kind_of = redis.call('TYPE', key)['ok']
   if kind_of == 'none' then

@@ -27,6 +27,7 @@ if waiter == '' then
   waiter = nil
 end
 local owner = owner_field(ARGV[1])
+local record = ARGV[4] ~= '' and ARGV[4] or 1 -- holds.lua's owner_value
 -- per key: takes[i] (free: take it, seeds[i] for fence_write), fences[i] (already ours), or
 -- same[i] (the lock of an earlier index, repeated)
 local takes, seeds, fences, same, first = {}, {}, {}, {}, {}
@@ -77,7 +78,7 @@ for i = 1, n do
     reply[i + 1] = reply[same[i] + 1]
   elseif takes[i] then
     local fence = fence_write(KEYS[3 * i - 1], seeds[i])
-    redis.call('HSET', lock, owner, owner_value(ARGV[4]), 'fence', fence)
+    redis.call('HSET', lock, owner, record, 'fence', fence)
     redis.call('PEXPIRE', lock, ARGV[2])
     reply[i + 1] = fence
   else

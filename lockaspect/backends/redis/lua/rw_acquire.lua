@@ -7,7 +7,7 @@
 --          holds 1)
 -- KEYS[2]  the readers: a sorted set {<owner token> = server ms when its lease ends}
 -- KEYS[3]  the readers' fencing tokens and owner records: a hash {<owner token> = "<fence>"
---          or "<fence> <owner record>"} (lib.lua's share_value)
+--          or "<fence> <owner record>"} (holds.lua's share_value)
 -- KEYS[4]  the waiting writers: a sorted set {<writer waiter id> = server ms of its last attempt}
 -- KEYS[5]  the waiter queue: a list of waiter ids, woken on release (rw_release.lua)
 -- KEYS[6]  the fence counter (see acquire.lua; shared with a lock of the same name)
@@ -31,6 +31,7 @@
 --                       least 1); -1: a value of another type without expiry holds the lock
 -- Everything is read before the first write (lib.lua): a failing command leaves nothing.
 -- include: lib.lua
+-- include: holds.lua
 local now = server_ms()
 local writing = ARGV[3] == 'write'
 local expired, foreign = read('ZRANGEBYSCORE', KEYS[2], '-inf', now)

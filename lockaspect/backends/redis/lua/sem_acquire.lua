@@ -8,7 +8,7 @@
 -- KEYS[3]  the fence counter (see acquire.lua; shared with a lock of the same name)
 -- KEYS[4]  the waiter queue (as the lock's ":waiters", see acquire.lua and release.lua)
 -- KEYS[5]  each holder's fencing token and owner record: a hash {<owner token> = "<fence>"
---          or "<fence> <owner record>"} (lib.lua's share_value)
+--          or "<fence> <owner record>"} (holds.lua's share_value)
 -- KEYS[6]  each holder's weight: a hash {<owner token> = permits held}, for the holders of
 --          more than one permit (a holder not in it holds one)
 --          KEYS[5] and KEYS[6] live at least as long as the holds they hold entries of
@@ -32,6 +32,7 @@
 -- Expired holds are dropped first: a dead holder's permits come back when its lease ends.
 -- Everything is read before the first write (lib.lua): a failing command leaves nothing.
 -- include: lib.lua
+-- include: holds.lua
 local now = server_ms()
 local expired, foreign = read('ZRANGEBYSCORE', KEYS[1], '-inf', now)
 if foreign then
@@ -69,7 +70,9 @@ if #expired > 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
   hdel_all(KEYS[5], expired)
 end
-hdel_all(KEYS[6], dead)
+if #dead > 0 then
+  hdel_all(KEYS[6], dead)
+end
 if held then
   return {1, share_fence(own)}
 end

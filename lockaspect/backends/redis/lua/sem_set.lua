@@ -17,6 +17,7 @@
 --          until in use plus their weight fits the new number).
 -- Everything is read before the first write (lib.lua): a failing command leaves nothing.
 -- include: lib.lua
+-- include: holds.lua
 local now = server_ms()
 local in_use = sem_in_use(KEYS[1], KEYS[4], now)
 local old = tonumber(redis.call('GET', KEYS[2]))
