@@ -1,9 +1,8 @@
 """Owner records, weighted semaphore holds, ``add_permits`` and who ``describe`` and
-``force_release`` name, on the Redis stores against real servers: one server, Redis Cluster and
-Sentinel, each sync and through its asyncio twin (each scenario is written once against the
-asyncio interface; a sync store runs it behind :class:`Blocking`). RedLock hands the record
-to every node. Holds written before owner records were kept are still described, renewed and
-released."""
+``force_release`` name, on real servers: one server, Redis Cluster and Sentinel, sync and
+asyncio (each scenario is written once for the asyncio interface; a sync store runs it behind
+:class:`Blocking`); RedLock hands the record to every node; holds written before records
+were kept are still described, renewed and released."""
 
 from __future__ import annotations
 
@@ -221,8 +220,8 @@ def test_a_multi_key_lock_records_its_owner_on_every_key(on_redis: Any) -> None:
         tok, rec = token(), record("multi")
         taken = await store.acquire(AcquireRequest("lock", ("a", "b"), tok, LONG, owner=rec))
         for key, fence in zip(("a", "b"), taken.fencing_tokens, strict=True):
-            assert state_of(await store.describe(key), "lock").held_by[0][:2] == (tok, rec)
-            assert state_of(await store.describe(key), "lock").held_by[0].fencing_token == fence
+            [holder] = state_of(await store.describe(key), "lock").held_by
+            assert (holder.token, holder.owner, holder.fencing_token) == (tok, rec, fence)
 
     on_redis(scenario)
 
@@ -371,13 +370,10 @@ def test_a_renewal_extends_the_records_and_weights_with_the_hold(on_redis: Any) 
 # -- add_permits --
 
 
-def test_the_stores_add_permits_and_describe_asynchronously() -> None:
-    for store in (RedisStore, AsyncRedisStore):
-        assert issubclass(store, AddsPermits)
+def test_add_permits(on_any: Any) -> None:
+    assert issubclass(RedisStore, AddsPermits)
     assert issubclass(AsyncRedisStore, AsyncAdminStore)
 
-
-def test_add_permits(on_any: Any) -> None:
     async def scenario(store: Any, raw: Any) -> None:
         assert await store.add_permits("fresh", 3) == (3, 0)  # a semaphore never used starts from 0
         assert await store.add_permits("never", -2) == (0, 0)
@@ -487,5 +483,18 @@ def test_a_foreign_value_at_the_weights_fails_acquisitions_and_leaves_nothing(on
             await store.release("s", holder, "semaphore")
         raw.delete(weights)
         assert await store.release("s", holder, "semaphore") == RELEASED
+
+    on_redis(scenario)
+
+
+def test_describe_lists_more_holders_than_one_script_call_unpacks(on_redis: Any) -> None:
+    """1,500 semaphore holders: describe reads their entries in chunks (Lua's unpack limit)."""
+
+    async def scenario(store: Any, raw: Any) -> None:
+        tokens = [token() for _ in range(1500)]
+        for i, tok in enumerate(tokens):
+            assert (await take(store, "semaphore", "many", tok, record(str(i)), permits=2000)).acquired
+        held = by_token(state_of(await store.describe("many"), "semaphore"))
+        assert [held[tok].owner for tok in tokens] == [record(str(i)) for i in range(1500)]
 
     on_redis(scenario)
