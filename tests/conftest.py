@@ -8,6 +8,7 @@ Debian's redis-server when it is installed (``any_server``).
 
 from __future__ import annotations
 
+import os
 import shutil
 import uuid
 from collections.abc import Callable, Iterator
@@ -17,6 +18,7 @@ from typing import Any
 import pytest
 
 from lockaspect import LockClient, config
+from lockaspect.owner import parse_owner
 from lockaspect.testing import LockServer, ValkeyCluster, ValkeySentinel, find_server_binary
 
 SERVER_KINDS = ["valkey"] + (["redis"] if shutil.which("redis-server") else [])
@@ -131,3 +133,23 @@ class CommandCounter:
 @pytest.fixture
 def commands(raw: Any) -> CommandCounter:
     return CommandCounter(raw)
+
+
+class OwnerValue:
+    """Equal to the value of an owner field in a lock hash (or a writer's) held through a
+    client of this process: the owner record it sent with the acquisition, which re-entries
+    leave as it is."""
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, bytes) and parse_owner(other).get("pid") == os.getpid()
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return "<the owner record of a client of this process>"
+
+
+@pytest.fixture
+def owner_value() -> OwnerValue:
+    """Compares equal to an owner field's value written through a client of this process."""
+    return OwnerValue()

@@ -346,7 +346,7 @@ class TestCurrentLease:
 
 
 class TestReentry:
-    def test_same_key_reenters_with_the_same_fencing_token(self, plain: LockClient, raw: Any) -> None:
+    def test_same_key_reenters_with_the_same_fencing_token(self, plain: LockClient, raw: Any, owner_value: Any) -> None:
         """A nested call on the same key re-enters: same fencing token, hold count 2, deleted after the outer call."""
         lock_key = plain.backend.lock_key("acct:9")
 
@@ -364,12 +364,12 @@ class TestReentry:
         token, fence = lease.token.encode(), str(lease.fencing_token).encode()
         assert inner_lease is lease
         assert inner_lease.fencing_token == lease.fencing_token
-        assert during == {token: b"1", b"fence": fence}  # one hold per owner: re-entries are counted here
-        assert after_inner == {token: b"1", b"fence": fence}
+        assert during == {token: owner_value, b"fence": fence}  # one hold per owner: re-entries are counted here
+        assert after_inner == {token: owner_value, b"fence": fence}
         assert raw.exists(lock_key) == 0
         assert plain.stats().reentered == 1
 
-    def test_different_keys_nest_independently(self, plain: LockClient, raw: Any) -> None:
+    def test_different_keys_nest_independently(self, plain: LockClient, raw: Any, owner_value: Any) -> None:
         """A nested call on another key takes a lock of its own and releases it before the outer one."""
         outer_key, inner_key = plain.backend.lock_key("a:1"), plain.backend.lock_key("b:1")
 
@@ -388,12 +388,14 @@ class TestReentry:
         assert inner_lease.token != lease.token
         assert both == 2
         assert after is lease
-        assert outer_hash[lease.token.encode()] == b"1"
+        assert outer_hash[lease.token.encode()] == owner_value
         assert raw.exists(outer_key, inner_key) == 0
 
 
 class TestBusyLock:
-    def test_busy_lock_raises_lock_not_acquired(self, plain: LockClient, other: LockClient, raw: Any) -> None:
+    def test_busy_lock_raises_lock_not_acquired(
+        self, plain: LockClient, other: LockClient, raw: Any, owner_value: Any
+    ) -> None:
         """A lock held elsewhere makes the call raise ``LockNotAcquired`` with the key, without running the body."""
         ran: list[int] = []
 
@@ -404,7 +406,7 @@ class TestBusyLock:
         with other.lock("res:5") as holder:
             with pytest.raises(LockNotAcquired) as info:
                 work(5)
-            assert raw.hgetall(plain.backend.lock_key("res:5"))[holder.token.encode()] == b"1"
+            assert raw.hgetall(plain.backend.lock_key("res:5"))[holder.token.encode()] == owner_value
         assert info.value.key == "res:5"
         assert info.value.waited == 0.0
         assert ran == []

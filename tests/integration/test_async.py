@@ -192,7 +192,7 @@ class Exploding:
 
 
 class TestDecoratedCoroutines:
-    def test_body_runs_as_a_task_holding_the_lock(self, plain: LockClient, raw: Any) -> None:
+    def test_body_runs_as_a_task_holding_the_lock(self, plain: LockClient, raw: Any, owner_value: Any) -> None:
         """An ``async def`` runs as a task of its own with ``current_lease()`` set while the store holds the key."""
         lock_key = plain.backend.lock_key("order:42")
 
@@ -215,7 +215,7 @@ class TestDecoratedCoroutines:
         assert lease.key == "order:42"
         assert HEX32.fullmatch(lease.token)
         assert lease.watchdog
-        assert hold == b"1"
+        assert hold == owner_value
         assert raw.exists(lock_key) == 0
         stats = plain.stats()
         assert (stats.acquired, stats.released, stats.held) == (1, 1, 0)
@@ -424,7 +424,7 @@ class TestDecoratedCoroutines:
 
 class TestBusyLock:
     def test_busy_lock_raises_lock_not_acquired_without_running_the_body(
-        self, plain: LockClient, other: LockClient, raw: Any
+        self, plain: LockClient, other: LockClient, raw: Any, owner_value: Any
     ) -> None:
         """A key held by another owner makes the call raise ``LockNotAcquired`` and the body never runs."""
         ran: list[int] = []
@@ -436,7 +436,7 @@ class TestBusyLock:
         with other.lock("res:5") as holder:
             with pytest.raises(LockNotAcquired) as info:
                 run(work(5))
-            assert raw.hgetall(plain.backend.lock_key("res:5"))[holder.token.encode()] == b"1"
+            assert raw.hgetall(plain.backend.lock_key("res:5"))[holder.token.encode()] == owner_value
         assert (info.value.key, info.value.waited) == ("res:5", 0.0)
         assert ran == []
         assert plain.stats().not_acquired == 1
@@ -688,7 +688,7 @@ class TestCallTimeBadInput:
 
 
 class TestAsyncWith:
-    def test_block_gets_the_lease_and_releases_on_exit(self, plain: LockClient, raw: Any) -> None:
+    def test_block_gets_the_lease_and_releases_on_exit(self, plain: LockClient, raw: Any, owner_value: Any) -> None:
         """``async with client.lock()`` yields the Lease, holds the key while the block runs, and releases on exit."""
         lock_key = plain.backend.lock_key("order:9")
 
@@ -701,12 +701,12 @@ class TestAsyncWith:
         lease, held, inside, after = run(main())
         assert inside is lease
         assert after is None
-        assert held == {lease.token.encode(): b"1", b"fence": str(lease.fencing_token).encode()}
+        assert held == {lease.token.encode(): owner_value, b"fence": str(lease.fencing_token).encode()}
         assert raw.exists(lock_key) == 0
         assert not lease.held
         assert (plain.stats().acquired, plain.stats().released) == (1, 1)
 
-    def test_nested_block_on_the_same_key_reenters(self, plain: LockClient, raw: Any) -> None:
+    def test_nested_block_on_the_same_key_reenters(self, plain: LockClient, raw: Any, owner_value: Any) -> None:
         """A nested ``async with`` on the same key in the same task re-enters: same lease and fence, hold count 2."""
         lock_key = plain.backend.lock_key("acct:1")
 
@@ -720,12 +720,12 @@ class TestAsyncWith:
         outer, inner, during, after_inner = run(main())
         token, fence = outer.token.encode(), str(outer.fencing_token).encode()
         assert inner is outer
-        assert during == {token: b"1", b"fence": fence}  # one hold per owner: re-entries are counted here
-        assert after_inner == {token: b"1", b"fence": fence}
+        assert during == {token: owner_value, b"fence": fence}  # one hold per owner: re-entries are counted here
+        assert after_inner == {token: owner_value, b"fence": fence}
         assert raw.exists(lock_key) == 0
         assert (plain.stats().acquired, plain.stats().reentered, plain.stats().released) == (1, 1, 1)
 
-    def test_decorated_call_inside_a_block_reenters(self, plain: LockClient, raw: Any) -> None:
+    def test_decorated_call_inside_a_block_reenters(self, plain: LockClient, raw: Any, owner_value: Any) -> None:
         """A decorated coroutine called inside ``async with`` on its key re-enters the block's hold."""
         lock_key = plain.backend.lock_key("acct:2")
 
@@ -741,7 +741,7 @@ class TestAsyncWith:
 
         outer, lease, holds = run(main())
         assert lease is outer
-        assert holds == b"1"  # one hold per owner in the store: re-entries are counted by the client
+        assert holds == owner_value  # one hold per owner in the store: re-entries are counted by the client
         assert raw.exists(lock_key) == 0
 
     def test_busy_key_raises_lock_not_acquired(self, plain: LockClient, other: LockClient) -> None:
@@ -876,7 +876,7 @@ class TestOwnershipPerTask:
         assert (stats.acquired, stats.reentered, stats.released, stats.lost) == (40, 0, 40, 0)
         assert_nothing_left(plain, raw, namespace)
 
-    def test_nested_calls_in_one_task_reenter(self, plain: LockClient, raw: Any) -> None:
+    def test_nested_calls_in_one_task_reenter(self, plain: LockClient, raw: Any, owner_value: Any) -> None:
         """A nested locked call in the same task (through awaits) re-enters with the same lease and fencing token."""
         lock_key = plain.backend.lock_key("acct:9")
 
@@ -897,8 +897,8 @@ class TestOwnershipPerTask:
         lease, inner_lease, during, after_inner = run(outer(9))
         token, fence = lease.token.encode(), str(lease.fencing_token).encode()
         assert inner_lease is lease
-        assert during == {token: b"1", b"fence": fence}  # one hold per owner: re-entries are counted here
-        assert after_inner == {token: b"1", b"fence": fence}
+        assert during == {token: owner_value, b"fence": fence}  # one hold per owner: re-entries are counted here
+        assert after_inner == {token: owner_value, b"fence": fence}
         assert raw.exists(lock_key) == 0
         assert (plain.stats().acquired, plain.stats().reentered) == (1, 1)
 
@@ -931,7 +931,7 @@ class TestOwnershipPerTask:
 
     @pytest.mark.parametrize("spawn", ["create_task", "ensure_future", "loop.create_task"])
     def test_task_created_inside_the_body_inherits_and_shares_the_hold(
-        self, client: LockClient, other: LockClient, raw: Any, namespace: str, spawn: str
+        self, client: LockClient, other: LockClient, raw: Any, namespace: str, spawn: str, owner_value: Any
     ) -> None:
         """A task started inside a locked body re-enters the body's hold; if it outlives the body the lock stays
         held (and renewed) until that task's locked call ends, and only then is the key deleted."""
@@ -963,10 +963,10 @@ class TestOwnershipPerTask:
 
             lease, task, during = await parent(1)
             token, fence = lease.token.encode(), str(lease.fencing_token).encode()
-            assert during == {token: b"1", b"fence": fence}  # one hold per owner, re-entries counted here
+            assert during == {token: owner_value, b"fence": fence}  # one hold per owner, re-entries counted here
             # the parent call returned, but the child still holds the lock: the key is there
             # with one hold, and the watchdog keeps renewing it
-            assert raw.hgetall(lock_key) == {token: b"1", b"fence": fence}
+            assert raw.hgetall(lock_key) == {token: owner_value, b"fence": fence}
             assert lease.held
             assert client.stats().held == 1
             renewals = client.stats().renewals
@@ -1074,7 +1074,9 @@ class TestOwnershipPerTask:
 
         assert run(body()) == (None, LockNotAcquired)
 
-    def test_to_thread_shares_the_hold_and_run_in_executor_does_not(self, plain: LockClient, raw: Any) -> None:
+    def test_to_thread_shares_the_hold_and_run_in_executor_does_not(
+        self, plain: LockClient, raw: Any, owner_value: Any
+    ) -> None:
         """``asyncio.to_thread`` copies the context (a sync lock there re-enters); ``run_in_executor`` does not."""
         lock_key = plain.backend.lock_key("threads")
 
@@ -1097,14 +1099,14 @@ class TestOwnershipPerTask:
 
         lease, (shared_lease, holds), separate = run(body())
         assert shared_lease is lease
-        assert holds == b"1"  # one hold per owner in the store: re-entries are counted by the client
+        assert holds == owner_value  # one hold per owner in the store: re-entries are counted by the client
         assert separate is LockNotAcquired
         assert raw.exists(lock_key) == 0
 
 
 class TestWatchdog:
     @pytest.mark.slow
-    def test_async_lock_outlives_its_lease_while_renewed(self, client: LockClient, raw: Any) -> None:
+    def test_async_lock_outlives_its_lease_while_renewed(self, client: LockClient, raw: Any, owner_value: Any) -> None:
         """A locked coroutine running for three leases keeps its key (renewed from its loop) and releases it after."""
         lock_key = client.backend.lock_key("long:1")
 
@@ -1113,7 +1115,7 @@ class TestWatchdog:
             lease = current_lease()
             assert lease is not None
             await asyncio.sleep(3 * LEASE)  # the subject: wall time passing under the lock
-            assert raw.hget(lock_key, lease.token) == b"1"
+            assert raw.hget(lock_key, lease.token) == owner_value
             assert raw.pttl(lock_key) > 0
             lease.check()
             # each renewal extends the lease by at most one lease from when it was sent
@@ -1451,7 +1453,7 @@ class TestLostLease:
 
 class TestCancellation:
     def test_caller_cancelled_while_waiting_for_a_busy_key_leaves_nothing(
-        self, client: LockClient, other: LockClient, raw: Any, namespace: str
+        self, client: LockClient, other: LockClient, raw: Any, namespace: str, owner_value: Any
     ) -> None:
         """A caller cancelled while it waits for a busy key takes nothing, registers nothing, leaves its slot and
         the lock's waiter queue."""
@@ -1473,7 +1475,7 @@ class TestCancellation:
 
         with other.lock("busy") as holder:
             run(main())
-            assert raw.hgetall(client.backend.lock_key("busy"))[holder.token.encode()] == b"1"
+            assert raw.hgetall(client.backend.lock_key("busy"))[holder.token.encode()] == owner_value
             assert raw.exists(queue) == 0, "the cancelled waiter must leave the queue"
         assert ran == []
         assert (client.stats().acquired, client.stats().not_acquired) == (0, 0)
@@ -1541,7 +1543,7 @@ class TestCancellation:
         assert_nothing_left(plain, raw, namespace)
 
     def test_cancelled_while_reentering_gives_the_added_hold_back(
-        self, plain: LockClient, raw: Any, monkeypatch: pytest.MonkeyPatch
+        self, plain: LockClient, raw: Any, monkeypatch: pytest.MonkeyPatch, owner_value: Any
     ) -> None:
         """A re-entry cancelled while its check is in flight gives its hold back; the outer hold stays right (the store
         keeps one hold per owner: re-entries are counted by the client, so nothing changes there)."""
@@ -1573,7 +1575,7 @@ class TestCancellation:
             return during, raw.hget(lock_key, token)
 
         during, after = run(main())
-        assert during == b"1"
+        assert during == owner_value
         assert after is None
         assert entered == []
         assert raw.exists(lock_key) == 0
@@ -1851,7 +1853,7 @@ class TestSyncAndAsyncTogether:
 
 class TestLastHoldReleasedByTheOtherEngine:
     def test_thread_releasing_an_async_lease_while_its_loop_renews_it(
-        self, make_client: Callable[..., LockClient], fresh_server: LockServer
+        self, make_client: Callable[..., LockClient], fresh_server: LockServer, owner_value: Any
     ) -> None:
         """A thread that shares an async lease (``asyncio.to_thread``) and releases its last hold while the loop's
         renewal is in flight releases the key, neither waiting on the loop nor warning."""
@@ -1878,7 +1880,7 @@ class TestLastHoldReleasedByTheOtherEngine:
             with pytest.raises(asyncio.CancelledError):
                 await task
             [lease] = shared
-            assert fresh_raw.hget(lock_key, lease.token) == b"1"
+            assert fresh_raw.hget(lock_key, lease.token) == owner_value
             trips = client.stats().renewal_round_trips
             fresh_server.pause()
             try:
@@ -1902,7 +1904,11 @@ class TestLastHoldReleasedByTheOtherEngine:
             fresh_raw.close()
 
     def test_task_releasing_a_thread_lease_while_the_watchdog_renews_it(
-        self, make_client: Callable[..., LockClient], fresh_server: LockServer, threads: list[threading.Thread]
+        self,
+        make_client: Callable[..., LockClient],
+        fresh_server: LockServer,
+        threads: list[threading.Thread],
+        owner_value: Any,
     ) -> None:
         """A task scheduled from a locked ``with`` block (``run_coroutine_threadsafe`` copies the context) shares the
         hold; when it releases the last hold while the watchdog thread's renewal is in flight, the key is released."""
@@ -1931,8 +1937,8 @@ class TestLastHoldReleasedByTheOtherEngine:
             with client.lock("shared") as lease:
                 future = asyncio.run_coroutine_threadsafe(inner(), loops[0])
                 assert entered.wait(30)
-                assert fresh_raw.hget(lock_key, lease.token) == b"1"  # re-entries are counted by the client
-            assert fresh_raw.hget(lock_key, lease.token) == b"1"  # the task holds the last hold
+                assert fresh_raw.hget(lock_key, lease.token) == owner_value  # re-entries are counted by the client
+            assert fresh_raw.hget(lock_key, lease.token) == owner_value  # the task holds the last hold
             trips = client.stats().renewal_round_trips
             fresh_server.pause()
             try:

@@ -366,11 +366,13 @@ class TestPolicies:
 
 
 class TestClientConstruction:
-    def test_unix_socket_url(self, make_client: Callable[..., LockClient], lock_server: LockServer, raw: Any) -> None:
+    def test_unix_socket_url(
+        self, make_client: Callable[..., LockClient], lock_server: LockServer, raw: Any, owner_value: Any
+    ) -> None:
         """A ``unix://`` URL reaches the same server through its socket."""
         client = make_client(url=lock_server.unix_url)
         with client.lock("unix:1") as lease:
-            assert raw.hgetall(client.backend.lock_key("unix:1"))[lease.token.encode()] == b"1"
+            assert raw.hgetall(client.backend.lock_key("unix:1"))[lease.token.encode()] == owner_value
         assert raw.exists(client.backend.lock_key("unix:1")) == 0
 
     @pytest.mark.parametrize(

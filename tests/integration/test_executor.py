@@ -154,7 +154,7 @@ class TestThreadPoolExecutor:
         assert plain.stats().held == 0
 
     def test_nested_call_in_the_pool_thread_reenters(
-        self, plain: LockClient, pools: Callable[[str], ThreadPoolExecutor], raw: Any
+        self, plain: LockClient, pools: Callable[[str], ThreadPoolExecutor], raw: Any, owner_value: Any
     ) -> None:
         """A nested call on the same key inside the pool thread re-enters with the same fencing token."""
         lock_key = plain.backend.lock_key("acct:5")
@@ -170,12 +170,12 @@ class TestThreadPoolExecutor:
         lease, (inner_lease, during, inner_ident), outer_ident = outer(5)
         assert inner_ident == outer_ident != threading.get_ident()
         assert inner_lease is lease
-        assert during == {lease.token.encode(): b"1", b"fence": str(lease.fencing_token).encode()}
+        assert during == {lease.token.encode(): owner_value, b"fence": str(lease.fencing_token).encode()}
         assert plain.stats().reentered == 1
         assert raw.exists(lock_key) == 0
 
     def test_nested_call_on_a_second_executor_reenters(
-        self, plain: LockClient, pools: Callable[[str], ThreadPoolExecutor], raw: Any
+        self, plain: LockClient, pools: Callable[[str], ThreadPoolExecutor], raw: Any, owner_value: Any
     ) -> None:
         """A nested call on the same key run by a second executor still re-enters with the same fencing token."""
         lock_key = plain.backend.lock_key("acct:6")
@@ -193,7 +193,7 @@ class TestThreadPoolExecutor:
         assert inner_thread.startswith("inner")
         assert inner_lease is lease
         assert inner_lease.fencing_token == lease.fencing_token
-        assert during == {lease.token.encode(): b"1", b"fence": str(lease.fencing_token).encode()}
+        assert during == {lease.token.encode(): owner_value, b"fence": str(lease.fencing_token).encode()}
         assert raw.exists(lock_key) == 0
 
     def test_clients_default_executor_is_used_when_the_decorator_sets_none(

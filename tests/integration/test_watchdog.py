@@ -140,7 +140,9 @@ def _forked_child(client: LockClient, key: str, out: Connection, stop: Connectio
 
 class TestRenewal:
     @pytest.mark.slow
-    def test_lock_outlives_its_lease_while_the_holder_renews(self, client: LockClient, raw: Any) -> None:
+    def test_lock_outlives_its_lease_while_the_holder_renews(
+        self, client: LockClient, raw: Any, owner_value: Any
+    ) -> None:
         """A decorated call running for three leases keeps its lock, and releases it at the end."""
         lock_key = client.backend.lock_key("long:1")
 
@@ -149,7 +151,7 @@ class TestRenewal:
             lease = current_lease()
             assert lease is not None
             let_time_pass(3 * LEASE)
-            assert raw.hget(lock_key, lease.token) == b"1"
+            assert raw.hget(lock_key, lease.token) == owner_value
             assert raw.pttl(lock_key) > 0
             lease.check()
             # Each renewal extends the lease by at most one lease from when it was sent,
@@ -528,7 +530,7 @@ class _ChildUnwinds(Exception):
 class TestForkedChildUnwinding:
     @fork_warning
     def test_a_child_forked_inside_a_block_does_not_release_the_parents_lock(
-        self, client: LockClient, raw: Any
+        self, client: LockClient, raw: Any, owner_value: Any
     ) -> None:
         """A child forked inside a locked block is told it holds nothing, and unwinding the block
         leaves the parent's lock in place."""
@@ -550,7 +552,7 @@ class TestForkedChildUnwinding:
                 _, status = os.waitpid(pid, 0)
                 assert os.WIFEXITED(status)
                 assert os.WEXITSTATUS(status) == 0
-                assert raw.hget(key, lease.token) == b"1"
+                assert raw.hget(key, lease.token) == owner_value
         except _ChildUnwinds:
             os._exit(0)
         except BaseException:

@@ -9,13 +9,14 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..base import KeyState
+from ...errors import ConfigurationError
+from ..base import HolderState, KeyState
 from ._layout import Encoded, Op
 
 if TYPE_CHECKING:
     from ._layout import _Layout
 
-__all__ = ["DESCRIBE", "FORCE_RELEASE", "SCAN_COUNT", "held_candidates", "scan_match"]
+__all__ = ["ADD_PERMITS", "DESCRIBE", "FORCE_RELEASE", "SCAN_COUNT", "held_candidates", "scan_match"]
 
 #: The ``COUNT`` hint of each ``SCAN`` of :meth:`held_keys` (keys the server looks at per call).
 SCAN_COUNT = 500
@@ -29,21 +30,37 @@ def _describe_request(layout: _Layout, key: str) -> Encoded:
     lock = layout._lock(key)
     sem, rw = lock + b":sem", lock + b":rw"
     keys = (lock, lock + b":waiters", lock + b":fair", sem, sem + b":fences", sem + b":waiters", sem + b":permits")
-    return (*keys, rw + b":w", rw + b":r", rw + b":fences", rw + b":waiters"), ()
+    rw_keys = (rw + b":w", rw + b":r", rw + b":fences", rw + b":waiters")
+    return (*keys, *rw_keys, sem + b":weights"), ()
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode("utf-8", "surrogateescape") if isinstance(value, bytes) else str(value)
+
+
+def _seconds(ms: Any) -> float | None:
+    return None if int(ms) < 0 else int(ms) / 1000.0
+
+
+def _holder(entry: Sequence[Any]) -> HolderState:
+    """One holder of describe.lua's reply: ``{token, record, ms left, fence, weight}``."""
+    token, record, left, fence, weight = entry
+    return HolderState(_text(token), _text(record), _seconds(left), None if int(fence) < 0 else int(fence), int(weight))
 
 
 def _described(reply: list[list[Any]], key: str) -> list[KeyState]:
     states = []
-    for kind, holders, left, fence, waiters, permits in reply:
+    for kind, holders, left, fence, waiters, permits, held_by in reply:
         states.append(
             KeyState(
                 key,
-                kind.decode() if isinstance(kind, bytes) else str(kind),
+                _text(kind),
                 int(holders),
-                None if int(left) < 0 else int(left) / 1000.0,
+                _seconds(left),
                 None if int(fence) < 0 else int(fence),
                 int(waiters),
                 None if int(permits) < 0 else int(permits),
+                tuple(_holder(entry) for entry in held_by),
             )
         )
     return states
@@ -53,11 +70,31 @@ def _force_request(layout: _Layout, key: str) -> Encoded:
     lock = layout._lock(key)
     sem, rw = lock + b":sem", lock + b":rw"
     keys = (lock, lock + b":waiters", lock + b":fair", sem, sem + b":fences", sem + b":waiters")
-    return (*keys, rw + b":w", rw + b":r", rw + b":fences", rw + b":waiters"), (lock,)
+    rw_keys = (rw + b":w", rw + b":r", rw + b":fences", rw + b":waiters")
+    return (*keys, *rw_keys, sem + b":weights"), (lock,)
 
 
 def _forced(reply: int, key: str) -> bool:
     return bool(reply)
+
+
+#: The largest number of permits ``add_permits`` adds or takes away at once (sem_set.lua
+#: counts in doubles: sums stay exact).
+MAX_DELTA = 2**48
+
+
+def _add_request(layout: _Layout, key: str, delta: object) -> Encoded:
+    """sem_set.lua's "add" mode; a ``delta`` that is not an int is refused before any I/O."""
+    if isinstance(delta, bool) or not isinstance(delta, int):
+        raise TypeError(f"the permits to add must be an int, got {type(delta).__name__}")
+    if abs(delta) > MAX_DELTA:
+        raise ConfigurationError(f"the permits to add must be within ±{MAX_DELTA}, got {delta}")
+    keys, (_, lock) = layout._sem_set_request(key, None)
+    return keys, (b"%d" % delta, lock, b"add")
+
+
+def _added(reply: list[int], key: object = None) -> tuple[int, int]:
+    return int(reply[0]), int(reply[1])
 
 
 def held_flags(reply: list[int], key: object = None) -> list[bool]:
@@ -66,6 +103,7 @@ def held_flags(reply: list[int], key: object = None) -> list[bool]:
 
 
 DESCRIBE = Op("describe.lua", _describe_request, _described, "describe")
+ADD_PERMITS = Op("sem_set.lua", _add_request, _added, "add_permits")
 FORCE_RELEASE = Op("force_release.lua", _force_request, _forced, "force_release")
 
 _GLOB_SPECIAL = re.compile(r"([*?\[\]\\])")

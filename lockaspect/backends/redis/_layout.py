@@ -4,13 +4,15 @@ one entry per script-level operation, run by each twin's one generic routine).
 
 Key layout for a lock rendered as ``order:42`` in namespace ``lockaspect:``::
 
-    lockaspect:{order:42}            hash {<owner field>: holds, "fence": n}, with the lease as TTL
+    lockaspect:{order:42}            hash {<owner field>: <owner record>, "fence": n}, lease as TTL
     lockaspect:{order:42}:fence      fence counter (INCR per first acquisition, no TTL)
     lockaspect:{order:42}:waiters    FIFO list of waiter ids (one per waiting notifier)
     lockaspect:{order:42}:wake:<id>  pub/sub channel of one waiter; a release wakes the first
     lockaspect:{order:42}:fair…      the fair lock's queue (see acquire.lua)
-    lockaspect:{order:42}:sem…       a semaphore's holders, permits, fences, waiters
-    lockaspect:{order:42}:rw:…       a read-write lock's writer, readers, fences, waiters
+    lockaspect:{order:42}:sem…       a semaphore's holders, permits, fences (and owner
+                                     records), weights, waiters
+    lockaspect:{order:42}:rw:…       a read-write lock's writer, readers, fences (and owner
+                                     records), waiters
 
 An owner's field is its token as it is, except that the token ``fence`` and tokens starting
 with ``#`` are stored with a ``#`` in front (``fence`` -> ``#fence``, ``#x`` -> ``##x``; see
@@ -18,6 +20,13 @@ with ``#`` are stored with a ``#`` in front (``fence`` -> ``#fence``, ``#x`` -> 
 owner of the fencing token, whatever token it sends; a read-write lock's writer hash
 (``…:rw:w``) stores its owner the same way. A value of another type at a lock's key (not
 written by lockaspect) counts as another owner's: busy, and never ours to renew or release.
+
+An owner field's value is the owner record sent with the acquisition
+(``AcquireRequest.owner``), or ``1`` for none (as every hold written before records were
+kept): it shares the hold's TTL and goes with it. Semaphore holders and readers keep theirs
+with their fencing tokens (``…:sem:fences``, ``…:rw:fences``: ``"<fence> <record>"``), and a
+semaphore the weights of its holders of more than one permit in ``…:sem:weights``, with the
+holders' TTL (see sem_acquire.lua).
 
 All of them share the hash tag ``{order:42}``, so Redis Cluster keeps them in one slot.
 Rendered keys never contain ``{`` or ``}`` (values are percent-encoded, templates may not
@@ -178,15 +187,18 @@ class _Layout:
     # -- locks and fair locks (the hot path's two are static, on the lock's key in bytes) --
 
     @staticmethod
-    def _acquire_request(lock: bytes, token: str, lease: float, waiter: str | None, front: bool, fair: bool) -> Encoded:
+    def _acquire_request(
+        lock: bytes, token: str, lease: float, waiter: str | None, front: bool, fair: bool, owner: str = ""
+    ) -> Encoded:
+        head = (token.encode(), b"%d" % _ms(lease), owner.encode())
         if fair:
             # Without a waiter id ("": a try-once call) the attempt is still fair, but queues nothing.
             fair_keys = (lock, lock + b":fence", lock + b":fair", lock + b":fair:seen")
-            return fair_keys, (token.encode(), b"%d" % _ms(lease), (waiter or "").encode(), b"fair", _FAIR_GONE_MS)
+            return fair_keys, (*head, (waiter or "").encode(), b"fair", _FAIR_GONE_MS)
         keys = (lock, lock + b":fence", lock + b":waiters")
         if waiter is None:
-            return keys, (token.encode(), b"%d" % _ms(lease))
-        return keys, (token.encode(), b"%d" % _ms(lease), waiter.encode(), b"front" if front else b"back")
+            return keys, head
+        return keys, (*head, waiter.encode(), b"front" if front else b"back")
 
     @staticmethod
     def _release_request(lock: bytes, token: str, fair: bool) -> Encoded:
@@ -200,9 +212,9 @@ class _Layout:
         return (lock, lock + b":waiters"), (token.encode(),)
 
     def _lock_acquire_request(
-        self, key: str, token: str, lease: float, waiter: str | None, front: bool, fair: bool
+        self, key: str, token: str, lease: float, waiter: str | None, front: bool, fair: bool, owner: str = ""
     ) -> Encoded:
-        return self._acquire_request(self._lock(key), token, lease, waiter, front, fair)
+        return self._acquire_request(self._lock(key), token, lease, waiter, front, fair, owner)
 
     def _lock_release_request(self, key: str, token: str, fair: bool) -> Encoded:
         return self._release_request(self._lock(key), token, fair)
@@ -210,12 +222,14 @@ class _Layout:
     def _reenter_request(self, key: str, token: str) -> Encoded:
         return (self._lock(key),), (token.encode(),)
 
-    def _multi_request(self, keys: Sequence[str], token: str, lease: float, waiter: str | None) -> Encoded:
+    def _multi_request(
+        self, keys: Sequence[str], token: str, lease: float, waiter: str | None, owner: str = ""
+    ) -> Encoded:
         packed: list[bytes] = []
         for key in keys:
             lock = self._lock(key)
             packed += (lock, lock + b":fence", lock + b":waiters")
-        return tuple(packed), (token.encode(), b"%d" % _ms(lease), (waiter or "").encode())
+        return tuple(packed), (token.encode(), b"%d" % _ms(lease), (waiter or "").encode(), owner.encode())
 
     def _unqueue_request(self, key: str, waiter: str, kind: str) -> Encoded:
         lock = self._lock(key)
@@ -230,18 +244,27 @@ class _Layout:
     # -- semaphores --
 
     def _sem_acquire_request(
-        self, key: str, token: str, lease: float, permits: int, waiter: str | None, front: bool
+        self,
+        key: str,
+        token: str,
+        lease: float,
+        permits: int,
+        waiter: str | None,
+        front: bool,
+        owner: str = "",
+        weight: int = 1,
     ) -> Encoded:
         lock = self._lock(key)
         sem = lock + b":sem"
         keys = (sem, sem + b":permits", lock + b":fence", sem + b":waiters", sem + b":fences")
         args = (token.encode(), b"%d" % _ms(lease), b"%d" % permits, (waiter or "").encode())
-        return keys, (*args, b"front" if front else b"back")
+        more = (b"front" if front else b"back", owner.encode(), b"%d" % weight)
+        return (*keys, sem + b":weights"), (*args, *more)
 
     def _sem_release_request(self, key: str, token: str) -> Encoded:
         lock = self._lock(key)
         sem = lock + b":sem"
-        return (sem, sem + b":fences", sem + b":waiters"), (token.encode(), lock)
+        return (sem, sem + b":fences", sem + b":waiters", sem + b":weights"), (token.encode(), lock)
 
     def _sem_reenter_request(self, key: str, token: str) -> Encoded:
         return (self._lock(key) + b":sem",), (token.encode(),)
@@ -250,18 +273,18 @@ class _Layout:
         lock = self._lock(key)
         sem = lock + b":sem"
         new = b"" if permits is None else b"%d" % permits
-        return (sem, sem + b":permits", sem + b":waiters"), (new, lock)
+        return (sem, sem + b":permits", sem + b":waiters", sem + b":weights"), (new, lock)
 
     # -- read-write locks --
 
     def _rw_acquire_request(
-        self, key: str, token: str, lease: float, mode: str, waiter: str | None, below: str
+        self, key: str, token: str, lease: float, mode: str, waiter: str | None, below: str, owner: str = ""
     ) -> Encoded:
         lock = self._lock(key)
         rw = lock + b":rw"
         keys = (rw + b":w", rw + b":r", rw + b":fences", rw + b":wq", rw + b":waiters", lock + b":fence")
         args = (token.encode(), b"%d" % _ms(lease), mode.encode(), (waiter or "").encode(), _FAIR_GONE_MS)
-        return keys, (*args, below.encode())
+        return keys, (*args, below.encode(), owner.encode())
 
     def _rw_release_request(self, key: str, token: str, mode: str) -> Encoded:
         lock = self._lock(key)
@@ -279,7 +302,9 @@ class _Layout:
     def _acquire_undo(self, lock: bytes, token: str, fair: bool) -> _Undo:
         return lambda: [self._release.eval_command(*self._release_request(lock, token, fair))]
 
-    def _lock_undo(self, key: str, token: str, lease: float, waiter: str | None, front: bool, fair: bool) -> _Undo:
+    def _lock_undo(
+        self, key: str, token: str, lease: float, waiter: str | None, front: bool, fair: bool, *_: object
+    ) -> _Undo:
         return self._acquire_undo(self._lock(key), token, fair)
 
     def _multi_undo(self, keys: Sequence[str], token: str, *_: object) -> _Undo:
@@ -398,14 +423,16 @@ del L
 # twins; on the async twin each returns a coroutine).
 _ACQUIRE: dict[str, Callable[[Any, AcquireRequest], Any]] = {
     "lock": lambda s, r: (
-        s.lock_acquire(r.keys[0], r.token, r.lease, r.waiter, r.front)
+        s.lock_acquire(r.keys[0], r.token, r.lease, r.waiter, r.front, False, r.owner)
         if len(r.keys) == 1
-        else s.multi_acquire(r.keys, r.token, r.lease, r.waiter)
+        else s.multi_acquire(r.keys, r.token, r.lease, r.waiter, r.owner)
     ),
-    "fair": lambda s, r: s.lock_acquire(r.keys[0], r.token, r.lease, r.waiter, False, True),
-    "semaphore": lambda s, r: s.sem_acquire(r.keys[0], r.token, r.lease, r.permits, r.waiter, r.front),
-    "read": lambda s, r: s.rw_acquire(r.keys[0], r.token, r.lease, "read", r.waiter, r.below),
-    "write": lambda s, r: s.rw_acquire(r.keys[0], r.token, r.lease, "write", r.waiter, r.below),
+    "fair": lambda s, r: s.lock_acquire(r.keys[0], r.token, r.lease, r.waiter, False, True, r.owner),
+    "semaphore": lambda s, r: s.sem_acquire(
+        r.keys[0], r.token, r.lease, r.permits, r.waiter, r.front, r.owner, r.weight
+    ),
+    "read": lambda s, r: s.rw_acquire(r.keys[0], r.token, r.lease, "read", r.waiter, r.below, r.owner),
+    "write": lambda s, r: s.rw_acquire(r.keys[0], r.token, r.lease, "write", r.waiter, r.below, r.owner),
 }
 _RELEASE: dict[str, Callable[[Any, str, str], Any]] = {
     "lock": lambda s, key, token: s.lock_release(key, token),

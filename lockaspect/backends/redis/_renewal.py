@@ -100,7 +100,9 @@ def renew_chunks(layout: _Layout, leases: Sequence[RenewItem]) -> list[_RenewChu
             key, token, lease = items[i][:3]
             base = f"{namespace}{{{key}}}" + (":sem" if kinds[i] == "semaphore" else ":rw")
             keys.append(base if kinds[i] == "semaphore" else base + ":r")
-            keys.append(base + ":fences")
+            # their fencing tokens (and owner records) and weights live as long (a read-write
+            # lock's ":weights" never exists: readers hold one permit)
+            keys += (base + ":fences", base + ":weights")
             args.append(token)
             args.append(_ms(lease))
         chunks.append(_RenewChunk(layout._sem_renew, keys, args, indexes))

@@ -139,15 +139,17 @@ class ClusterStore(RedisStore):
 
     # -- what differs on a cluster --
 
-    def multi_acquire(self, keys: Sequence[str], token: str, lease: float, waiter: str | None = None) -> AcquireResult:
+    def multi_acquire(
+        self, keys: Sequence[str], token: str, lease: float, waiter: str | None = None, owner: str = ""
+    ) -> AcquireResult:
         """All of ``keys`` or none: one script when they share a slot; otherwise one key at a
         time in :func:`multi_order`, giving back those taken when one is busy or fails."""
         if _one_slot(keys):
-            return super().multi_acquire(keys, token, lease, waiter)
+            return super().multi_acquire(keys, token, lease, waiter, owner)
         results: dict[str, AcquireResult] = {}
         try:
             for key in multi_order(keys):
-                result = self.lock_acquire(key, token, lease, waiter)
+                result = self.lock_acquire(key, token, lease, waiter, owner=owner)
                 if not result.acquired:
                     given_back_or_raise(key, self._give_back(results, token))
                     return result._replace(busy=key)
@@ -241,15 +243,15 @@ class AsyncClusterStore(AsyncRedisStore):
         self._renew_line = _AsyncClusterLine(wire)
 
     async def multi_acquire(
-        self, keys: Sequence[str], token: str, lease: float, waiter: str | None = None
+        self, keys: Sequence[str], token: str, lease: float, waiter: str | None = None, owner: str = ""
     ) -> AcquireResult:
         """See :meth:`ClusterStore.multi_acquire`."""
         if _one_slot(keys):
-            return await super().multi_acquire(keys, token, lease, waiter)
+            return await super().multi_acquire(keys, token, lease, waiter, owner)
         results: dict[str, AcquireResult] = {}
         try:
             for key in multi_order(keys):
-                result = await self.lock_acquire(key, token, lease, waiter)
+                result = await self.lock_acquire(key, token, lease, waiter, owner=owner)
                 if not result.acquired:
                     given_back_or_raise(key, await self._give_back(results, token))
                     return result._replace(busy=key)

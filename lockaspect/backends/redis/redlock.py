@@ -199,7 +199,7 @@ class RedlockStore(_Quorum):
     def acquire(self, request: AcquireRequest) -> AcquireResult:
         self.check(request)
         key, token, lease = request.keys[0], request.token, request.lease
-        single = AcquireRequest("lock", request.keys, token, lease)
+        single = AcquireRequest("lock", request.keys, token, lease, owner=request.owner)
         start = time.monotonic()
         replies = self._each(lambda node=node: node.acquire(single) for node in self.nodes)
         try:
@@ -270,7 +270,7 @@ class AsyncRedlockStore(_Quorum):
     async def acquire(self, request: AcquireRequest) -> AcquireResult:
         self.check(request)
         key, token, lease = request.keys[0], request.token, request.lease
-        single = AcquireRequest("lock", request.keys, token, lease)
+        single = AcquireRequest("lock", request.keys, token, lease, owner=request.owner)
         start = time.monotonic()
         replies = await self._each(lambda node=node: node.acquire(single) for node in self.nodes)
         try:

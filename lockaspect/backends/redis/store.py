@@ -19,7 +19,7 @@ from redis.exceptions import RedisError
 
 from ...errors import ConfigurationError
 from ..base import AcquireRequest, AcquireResult, KeyState, ReleaseResult, RenewItem, redacted
-from ._admin import DESCRIBE, FORCE_RELEASE, SCAN_COUNT, held_candidates, held_flags, held_new, scan_match
+from ._admin import ADD_PERMITS, DESCRIBE, FORCE_RELEASE, SCAN_COUNT, held_candidates, held_flags, held_new, scan_match
 from ._async_wire import _AsyncWire, _run_async, _run_async_then
 from ._client import map_redis_error, no_retry_async_client, no_retry_client
 from ._layout import (
@@ -178,10 +178,11 @@ class RedisStore(_Layout):
         waiter: str | None = None,
         front: bool = False,
         fair: bool = False,
+        owner: str = "",
     ) -> AcquireResult:
         # LOCK_ACQUIRE through _call, inlined.
         lock = self._lock(key)
-        keys, args = self._acquire_request(lock, token, lease, waiter, front, fair)
+        keys, args = self._acquire_request(lock, token, lease, waiter, front, fair, owner)
         undo = self._acquire_undo(lock, token, fair)
         try:
             if self._wait_command is not None:
@@ -204,15 +205,25 @@ class RedisStore(_Layout):
     def lock_reenter(self, key: str, token: str) -> bool:
         return self._op(LOCK_REENTER, key, token)
 
-    def multi_acquire(self, keys: Sequence[str], token: str, lease: float, waiter: str | None = None) -> AcquireResult:
+    def multi_acquire(
+        self, keys: Sequence[str], token: str, lease: float, waiter: str | None = None, owner: str = ""
+    ) -> AcquireResult:
         """Take every lock of ``keys`` for ``token``, all at once or none (multi_acquire.lua)."""
-        return self._op(MULTI_ACQUIRE, keys, token, lease, waiter)
+        return self._op(MULTI_ACQUIRE, keys, token, lease, waiter, owner)
 
     def sem_acquire(
-        self, key: str, token: str, lease: float, permits: int, waiter: str | None = None, front: bool = False
+        self,
+        key: str,
+        token: str,
+        lease: float,
+        permits: int,
+        waiter: str | None = None,
+        front: bool = False,
+        owner: str = "",
+        weight: int = 1,
     ) -> AcquireResult:
-        """Take one of ``permits`` permits of semaphore ``key`` for ``lease`` seconds."""
-        return self._op(SEM_ACQUIRE, key, token, lease, permits, waiter, front)
+        """Take ``weight`` of ``permits`` permits of semaphore ``key`` for ``lease`` seconds."""
+        return self._op(SEM_ACQUIRE, key, token, lease, permits, waiter, front, owner, weight)
 
     def sem_release(self, key: str, token: str) -> ReleaseResult:
         return self._op(SEM_RELEASE, key, token)
@@ -225,10 +236,16 @@ class RedisStore(_Layout):
         ``set_to`` if given (``None`` permits: never set)."""
         return self._op(SEM_PERMITS if set_to is None else SEM_SET, key, set_to)
 
+    def add_permits(self, key: str, delta: int) -> tuple[int, int]:
+        """Add ``delta`` (negative: take away) to semaphore ``key``'s permits in one step, never
+        below 0 (a semaphore never used starts from 0); ``(permits, in use)`` after. Raising
+        them wakes waiters; lowering them takes no permit from holders."""
+        return self._op(ADD_PERMITS, key, delta)
+
     def rw_acquire(
-        self, key: str, token: str, lease: float, mode: str, waiter: str | None = None, below: str = ""
+        self, key: str, token: str, lease: float, mode: str, waiter: str | None = None, below: str = "", owner: str = ""
     ) -> AcquireResult:
-        return self._op(RW_ACQUIRE, key, token, lease, mode, waiter, below)
+        return self._op(RW_ACQUIRE, key, token, lease, mode, waiter, below, owner)
 
     def rw_release(self, key: str, token: str, mode: str) -> ReleaseResult:
         return self._op(RW_RELEASE, key, token, mode)
@@ -384,8 +401,9 @@ class AsyncRedisStore(_Layout):
         waiter: str | None = None,
         front: bool = False,
         fair: bool = False,
+        owner: str = "",
     ) -> AcquireResult:
-        return await self._op(LOCK_ACQUIRE, key, token, lease, waiter, front, fair)
+        return await self._op(LOCK_ACQUIRE, key, token, lease, waiter, front, fair, owner)
 
     async def lock_release(self, key: str, token: str, fair: bool = False) -> ReleaseResult:
         return await self._op(LOCK_RELEASE, key, token, fair)
@@ -394,14 +412,22 @@ class AsyncRedisStore(_Layout):
         return await self._op(LOCK_REENTER, key, token)
 
     async def multi_acquire(
-        self, keys: Sequence[str], token: str, lease: float, waiter: str | None = None
+        self, keys: Sequence[str], token: str, lease: float, waiter: str | None = None, owner: str = ""
     ) -> AcquireResult:
-        return await self._op(MULTI_ACQUIRE, keys, token, lease, waiter)
+        return await self._op(MULTI_ACQUIRE, keys, token, lease, waiter, owner)
 
     async def sem_acquire(
-        self, key: str, token: str, lease: float, permits: int, waiter: str | None = None, front: bool = False
+        self,
+        key: str,
+        token: str,
+        lease: float,
+        permits: int,
+        waiter: str | None = None,
+        front: bool = False,
+        owner: str = "",
+        weight: int = 1,
     ) -> AcquireResult:
-        return await self._op(SEM_ACQUIRE, key, token, lease, permits, waiter, front)
+        return await self._op(SEM_ACQUIRE, key, token, lease, permits, waiter, front, owner, weight)
 
     async def sem_release(self, key: str, token: str) -> ReleaseResult:
         return await self._op(SEM_RELEASE, key, token)
@@ -412,10 +438,14 @@ class AsyncRedisStore(_Layout):
     async def permits(self, key: str, set_to: int | None = None) -> tuple[int | None, int]:
         return await self._op(SEM_PERMITS if set_to is None else SEM_SET, key, set_to)
 
+    async def add_permits(self, key: str, delta: int) -> tuple[int, int]:
+        """See :meth:`RedisStore.add_permits`."""
+        return await self._op(ADD_PERMITS, key, delta)
+
     async def rw_acquire(
-        self, key: str, token: str, lease: float, mode: str, waiter: str | None = None, below: str = ""
+        self, key: str, token: str, lease: float, mode: str, waiter: str | None = None, below: str = "", owner: str = ""
     ) -> AcquireResult:
-        return await self._op(RW_ACQUIRE, key, token, lease, mode, waiter, below)
+        return await self._op(RW_ACQUIRE, key, token, lease, mode, waiter, below, owner)
 
     async def rw_release(self, key: str, token: str, mode: str) -> ReleaseResult:
         return await self._op(RW_RELEASE, key, token, mode)

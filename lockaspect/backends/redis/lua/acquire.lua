@@ -1,11 +1,14 @@
 -- acquire.lua: take a fenced lock, or report how long the holder keeps it (and queue the
--- waiter for a wake-up). One script for the lock and the fair lock (ARGV[4] == "fair").
+-- waiter for a wake-up). One script for the lock and the fair lock (ARGV[5] == "fair").
 --
--- KEYS[1]  the lock: a hash {<owner field> = 1, "fence" = fencing token} (one hold per owner:
---          re-entries are counted by the client), where the
---          owner field is the owner token as it is, except that "fence" and tokens starting
---          with "#" are stored with a "#" in front (lib.lua's owner_field): no token's field is
---          "fence". A value of another type there (not written by lockaspect) is another
+-- KEYS[1]  the lock: a hash {<owner field> = <owner record>, "fence" = fencing token} (one
+--          hold per owner: re-entries are counted by the client), where the owner field is
+--          the owner token as it is, except that "fence" and tokens starting with "#" are
+--          stored with a "#" in front (lib.lua's owner_field): no token's field is "fence".
+--          The owner record is ARGV[3], or 1 when it is empty (holds.lua's owner_value; a
+--          hold written before owner records were kept holds 1 too); it shares the hash's
+--          TTL, so it goes with the hold. A fair lock's hash also holds "#fair" = 1 (no token's
+--          field). A value of another type there (not written by lockaspect) is another
 --          owner's: busy, as long as its TTL
 -- KEYS[2]  the lock's fence counter (never expires: fencing tokens must keep growing)
 -- KEYS[3]  the waiter queue, a list of waiter ids: for the lock ":waiters", woken one per
@@ -14,13 +17,15 @@
 -- KEYS[4]  fair lock only (":fair:seen"): hash {waiter id = server ms of its last attempt}
 -- ARGV[1]  owner token (any string)
 -- ARGV[2]  lease in milliseconds
--- ARGV[3]  optional waiter id ("" for none): if busy, queue it (once); if acquired, take it
---          off the queue
--- ARGV[4]  optional mode: "front" queues at the head (a woken waiter that lost the lock to a
+-- ARGV[3]  the owner record to keep with the hold ("" for none); a repeated request keeps
+--          the record of the first
+-- ARGV[4]  optional waiter id ("" or absent for none): if busy, queue it (once); if
+--          acquired, take it off the queue
+-- ARGV[5]  optional mode: "front" queues at the head (a woken waiter that lost the lock to a
 --          barger), "back" at the tail, "fair" the fair lock: a free lock goes to the first
---          queued waiter, or to anyone when nobody queues; a waiter not seen for ARGV[5] ms
+--          queued waiter, or to anyone when nobody queues; a waiter not seen for ARGV[6] ms
 --          counts as gone and leaves the queue (so a dead waiter blocks it about that long)
--- ARGV[5]  fair lock only: ms after its last attempt that a waiter counts as gone
+-- ARGV[6]  fair lock only: ms after its last attempt that a waiter counts as gone
 --
 -- returns  fence >= 1   acquired: fence is the INCR of KEYS[2], one hold is recorded.
 --                       A counter that does not exist yet, or that the store lost (a
@@ -30,16 +35,17 @@
 --                       A request repeated with the same token (a retry after a lost
 --                       reply) finds its own hold and gets the same fence again.
 --          -(ms + 1)    busy: ms is the holder's remaining lease (fair lock, free but
---                       promised to the first waiter: ARGV[5], how long that one may take)
+--                       promised to the first waiter: ARGV[6], how long that one may take)
 --          0            busy, and the lock has no expiry (set by hand: never by us)
 -- Everything is read before the first write (lib.lua): a failing command leaves nothing.
 -- include: lib.lua
-local fair = ARGV[4] == 'fair'
-local waiter = ARGV[3]
+local fair = ARGV[5] == 'fair'
+local waiter = ARGV[4]
 if waiter == '' then
   waiter = nil
 end
 local owner = owner_field(ARGV[1])
+local record = ARGV[3] ~= '' and ARGV[3] or 1 -- holds.lua's owner_value, inline (hot path)
 local now, first, queue
 local gone = 0 -- fair lock: the first `gone` waiters of the queue left it (not seen lately)
 if fair then
@@ -50,7 +56,7 @@ if fair then
   local seen = redis.call('HMGET', KEYS[4], waiter or '', unpack(queue))
   for i = 1, math.min(#queue, 64) do
     local at = tonumber(seen[i + 1])
-    if at and now - at <= tonumber(ARGV[5]) then
+    if at and now - at <= tonumber(ARGV[6]) then
       break
     end
     gone = i
@@ -77,7 +83,11 @@ if gone > 0 then
 end
 if takes then
   fence = fence_write(KEYS[2], seed)
-  redis.call('HSET', KEYS[1], owner, 1, 'fence', fence)
+  if fair then
+    redis.call('HSET', KEYS[1], owner, record, 'fence', fence, '#fair', 1)
+  else
+    redis.call('HSET', KEYS[1], owner, record, 'fence', fence)
+  end
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   if waiter then
     if fair then
@@ -97,7 +107,7 @@ if waiter then
     queued = redis.call('LPOS', KEYS[3], waiter)
   end
   if not queued then
-    if ARGV[4] == 'front' then
+    if ARGV[5] == 'front' then
       redis.call('LPUSH', KEYS[3], waiter)
     else
       redis.call('RPUSH', KEYS[3], waiter)
@@ -111,7 +121,7 @@ if waiter then
   end
 end
 if pttl == -2 then
-  return -(tonumber(ARGV[5]) + 1)
+  return -(tonumber(ARGV[6]) + 1)
 end
 if pttl == -1 then
   return 0

@@ -7,12 +7,15 @@
 -- KEYS[5]  the semaphore holders' fencing tokens  KEYS[6]   the semaphore's waiter queue
 -- KEYS[7]  the read-write lock's writer           KEYS[8]   its readers
 -- KEYS[9]  the readers' fencing tokens            KEYS[10]  the read-write lock's waiter queue
+-- KEYS[11] the semaphore holders' weights
+-- (owner records are kept in KEYS[1], KEYS[5], KEYS[7] and KEYS[9]: see describe.lua)
 -- ARGV[1]  the wake-up channel prefix: a waiter is woken on ARGV[1] .. ":wake:" .. <its id>
 --
 -- returns  1  something was held (the lock, a live permit, the writer, a live reader, or a
 --             value of another type at one of those keys: not written by lockaspect); it is
---             deleted, and the waiters of what was held are woken: the lock's first waiter
---             still listening (popped, as release.lua), the fair lock's first waiter still
+--             deleted with every holder's fencing token, owner record and weight, and
+--             the waiters of what was held are woken: the lock's first waiter still
+--             listening (popped, as release.lua), the fair lock's first waiter still
 --             listening (left first in line, as release.lua), up to 16 waiters of the
 --             semaphore and of the read-write lock (popped, as sem_set.lua and rw_release.lua)
 --          0  nothing was held (expired holders are deleted all the same)
@@ -44,7 +47,7 @@ local wake_lock = lock and queue(KEYS[2])
 local wake_sem = sem and queue(KEYS[6])
 local wake_rw = rw and queue(KEYS[10])
 -- writes from here on (DEL cannot fail, wake pops lists only; PUBLISH writes no key)
-redis.call('DEL', KEYS[1], KEYS[4], KEYS[5], KEYS[7], KEYS[8], KEYS[9])
+redis.call('DEL', KEYS[1], KEYS[4], KEYS[5], KEYS[7], KEYS[8], KEYS[9], KEYS[11])
 if wake_lock then
   wake(KEYS[2], ARGV[1], 16, true)
 end

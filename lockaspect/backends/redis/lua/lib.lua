@@ -45,7 +45,9 @@ end
 -- start with "#", which get a "#" in front: "fence" -> "#fence", "#x" -> "##x". A field that
 -- starts with "#" thus comes from the second rule and any other from the first, so two
 -- tokens never share a field and no token's field is "fence": whatever a caller passes as
--- its token, it can neither read nor write the fencing token as if it were an owner.
+-- its token, it can neither read nor write the fencing token as if it were an owner. Nor is
+-- any token's field "#fair" (that would be the token "fair", which is not escaped): a fair
+-- lock's hash holds that field, so describe.lua can tell it from a lock.
 local function owner_field(token)
   if token == 'fence' or string.byte(token, 1) == 35 then
     return '#' .. token

@@ -1,13 +1,15 @@
 -- multi_acquire.lua: take several locks all at once for one owner, or none of them.
 --
--- KEYS[3i-2]  the lock hash of the i-th key (see acquire.lua: owner fields, and a value of
---             another type counts as another owner's), keys in the caller's order
+-- KEYS[3i-2]  the lock hash of the i-th key (see acquire.lua: owner fields holding owner
+--             records, and a value of another type counts as another owner's), keys in the
+--             caller's order
 -- KEYS[3i-1]  its fence counter
 -- KEYS[3i]    its waiter queue (see acquire.lua)
 -- ARGV[1]     owner token (the same for every key; any string)
 -- ARGV[2]     lease in milliseconds
 -- ARGV[3]     the caller's own waiter id ("" for none): if a key is busy, queue it there
 --             (once); once acquired, take it off every queue
+-- ARGV[4]     the owner record to keep with each hold ("" for none; see acquire.lua)
 --
 -- returns  {1, fence_1, ..., fence_n}  every key is held by the token (taken now, or already
 --                                     its own: a repeated request gets the same fences)
@@ -25,6 +27,7 @@ if waiter == '' then
   waiter = nil
 end
 local owner = owner_field(ARGV[1])
+local record = ARGV[4] ~= '' and ARGV[4] or 1 -- holds.lua's owner_value
 -- per key: takes[i] (free: take it, seeds[i] for fence_write), fences[i] (already ours), or
 -- same[i] (the lock of an earlier index, repeated)
 local takes, seeds, fences, same, first = {}, {}, {}, {}, {}
@@ -75,7 +78,7 @@ for i = 1, n do
     reply[i + 1] = reply[same[i] + 1]
   elseif takes[i] then
     local fence = fence_write(KEYS[3 * i - 1], seeds[i])
-    redis.call('HSET', lock, owner, 1, 'fence', fence)
+    redis.call('HSET', lock, owner, record, 'fence', fence)
     redis.call('PEXPIRE', lock, ARGV[2])
     reply[i + 1] = fence
   else

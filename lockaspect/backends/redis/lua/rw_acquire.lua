@@ -1,10 +1,13 @@
 -- rw_acquire.lua: take a read-write lock for reading (shared) or writing (exclusive), or
 -- report how long until it may be free (and queue the waiter for a wake-up).
 --
--- KEYS[1]  the writer: a hash {<owner field> = 1, "fence" = fencing token}, expiring with its
---          lease (owner fields as in acquire.lua: no token's field is "fence")
+-- KEYS[1]  the writer: a hash {<owner field> = <owner record>, "fence" = fencing token},
+--          expiring with its lease (owner fields and records as in acquire.lua: no token's
+--          field is "fence"; a hold without a record, or written before records were kept,
+--          holds 1)
 -- KEYS[2]  the readers: a sorted set {<owner token> = server ms when its lease ends}
--- KEYS[3]  the readers' fencing tokens: a hash {<owner token> = fence}
+-- KEYS[3]  the readers' fencing tokens and owner records: a hash {<owner token> = "<fence>"
+--          or "<fence> <owner record>"} (holds.lua's share_value)
 -- KEYS[4]  the waiting writers: a sorted set {<writer waiter id> = server ms of its last attempt}
 -- KEYS[5]  the waiter queue: a list of waiter ids, woken on release (rw_release.lua)
 -- KEYS[6]  the fence counter (see acquire.lua; shared with a lock of the same name)
@@ -15,6 +18,8 @@
 -- ARGV[5]  ms after its last attempt that a waiting writer counts as gone
 -- ARGV[6]  read: the token of the write lock the caller holds ("" for none): a writer may
 --          also take the read lock (downgrade) although it holds the write lock
+-- ARGV[7]  the owner record to keep with the hold ("" for none); a repeated request keeps
+--          the record of the first
 --
 -- Writers are preferred: while a writer waits (made an attempt in the last ARGV[5] ms), new
 -- readers wait too, so a stream of readers cannot starve writers. A writer is let in once
@@ -26,6 +31,7 @@
 --                       least 1); -1: a value of another type without expiry holds the lock
 -- Everything is read before the first write (lib.lua): a failing command leaves nothing.
 -- include: lib.lua
+-- include: holds.lua
 local now = server_ms()
 local writing = ARGV[3] == 'write'
 local expired, foreign = read('ZRANGEBYSCORE', KEYS[2], '-inf', now)
@@ -60,7 +66,7 @@ else
   own = redis.call('HGET', KEYS[3], ARGV[1])
   local expires = own and tonumber(redis.call('ZSCORE', KEYS[2], ARGV[1]))
   if own and expires and expires > now then
-    fence = tonumber(own)
+    fence = share_fence(own)
   else
     local downgrade = ARGV[6] ~= '' and read('HEXISTS', KEYS[1], owner_field(ARGV[6])) == 1
     free = downgrade or (writers - stale == 0 and redis.call('EXISTS', KEYS[1]) == 0)
@@ -97,7 +103,7 @@ end
 if free then
   fence = fence_write(KEYS[6], seed)
   if writing then
-    redis.call('HSET', KEYS[1], owner_field(ARGV[1]), 1, 'fence', fence)
+    redis.call('HSET', KEYS[1], owner_field(ARGV[1]), owner_value(ARGV[7]), 'fence', fence)
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
     if waiter then
       redis.call('ZREM', KEYS[4], waiter)
@@ -105,7 +111,7 @@ if free then
   else
     local ends = now + tonumber(ARGV[2])
     redis.call('ZADD', KEYS[2], ends, ARGV[1])
-    redis.call('HSET', KEYS[3], ARGV[1], fence)
+    redis.call('HSET', KEYS[3], ARGV[1], share_value(fence, ARGV[7]))
     local ttl = math.max(1, math.max(ends, tonumber(last[2]) or 0) - now)
     redis.call('PEXPIRE', KEYS[2], ttl)
     redis.call('PEXPIRE', KEYS[3], ttl)

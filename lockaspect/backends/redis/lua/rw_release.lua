@@ -12,6 +12,7 @@
 -- returns  1  released; when no writer and no reader is left (or a writer left: readers may
 --             all come in), up to 16 queued waiters are woken, each on its own channel
 --          0  not owner: the hold had ended (lease expired) or was never this token's
+-- A reader's entry in KEYS[3] (its fence and owner record) is deleted either way.
 -- Everything is read before the first write (lib.lua): a failing command leaves nothing.
 -- include: lib.lua
 if ARGV[2] == 'write' then
