@@ -38,7 +38,8 @@ def slot_keys(namespace: str, key: str, permits: int) -> list[int]:
 
 @dataclass(eq=False, slots=True)
 class Hold:
-    """One owner token's hold of one advisory key, pinned to the session that took it."""
+    """One owner token's hold of one advisory key (a semaphore's hold of several permits: of
+    ``objkey`` and the slots in ``more``), pinned to the session that took it."""
 
     key: str
     token: str
@@ -47,6 +48,11 @@ class Hold:
     shared: bool
     session: Any
     fence: int
+    more: tuple[int, ...] = ()
+
+    @property
+    def objkeys(self) -> tuple[int, ...]:
+        return (self.objkey, *self.more) if self.more else (self.objkey,)
 
 
 @dataclass(eq=False, slots=True)
@@ -62,6 +68,8 @@ class Pending:
     shared: bool
     session: Any
     seen: float
+    #: The owner token the queued statement recorded (a reader's record is keyed by it).
+    token: str = ""
     state: int = WAITING
     fence: int = 0
     error: BaseException | None = None
@@ -116,19 +124,21 @@ class Table:
 
     def add(self, hold: Hold) -> None:
         self.holds[(hold.token, hold.key)] = hold
-        self.by_objkey.setdefault(hold.objkey, []).append(hold)
-        hold.session.pin(hold.objkey, 1)
+        for objkey in hold.objkeys:
+            self.by_objkey.setdefault(objkey, []).append(hold)
+            hold.session.pin(objkey, 1)
 
     def remove(self, hold: Hold) -> bool:
         """Forget ``hold``; whether it was there."""
         if self.holds.get((hold.token, hold.key)) is not hold:
             return False
         del self.holds[(hold.token, hold.key)]
-        found = self.by_objkey.get(hold.objkey, [])
-        found.remove(hold)
-        if not found:
-            self.by_objkey.pop(hold.objkey, None)
-        hold.session.pin(hold.objkey, -1)
+        for objkey in hold.objkeys:
+            found = self.by_objkey.get(objkey, [])
+            found.remove(hold)
+            if not found:
+                self.by_objkey.pop(objkey, None)
+            hold.session.pin(objkey, -1)
         return True
 
     def on_session(self, session: Any) -> list[Hold]:
