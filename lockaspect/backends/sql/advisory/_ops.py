@@ -11,6 +11,7 @@ granted to a waiter's queued wait; all-or-none multi-key locks; and what a busy 
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -39,10 +40,16 @@ class Core(SemaphoreOps):
     # -- checks ---------------------------------------------------------------------------
 
     def check(self, request: AcquireRequest) -> None:
-        """What every store refuses (:func:`checked_request`: the kind, keys, lease, a
-        semaphore's permits and weight, the owner record), and what this one does too."""
-        checked_request(request, "", "the PostgreSQL advisory store")
-        kind, keys, lease = request.kind, request.keys, request.lease
+        kind, keys = request.kind, request.keys
+        if kind not in KINDS:
+            raise ConfigurationError(f"the PostgreSQL advisory store serves {', '.join(sorted(KINDS))}, not {kind!r}")
+        if not keys or not all(isinstance(key, str) for key in keys):
+            raise ConfigurationError(f"an acquire request needs one or more str keys, got {keys!r}")
+        if len(keys) > 1 and kind != "lock":
+            raise ConfigurationError(f"only a 'lock' request may name several keys, not {kind!r}", key=keys[0])
+        lease = request.lease
+        if isinstance(lease, bool) or not isinstance(lease, (int, float)) or not (0 < lease < math.inf):
+            raise ConfigurationError(f"the lease must be a positive number of seconds, got {lease!r}", key=keys[0])
         if self.idle_timeout and lease >= self.idle_timeout:
             raise ConfigurationError(
                 f"a {lease:g}s lease on a store whose idle_session_timeout is {self.idle_timeout:g}s: the server would "
@@ -56,6 +63,9 @@ class Core(SemaphoreOps):
                 raise ConfigurationError(
                     f"a semaphore request needs its number of permits, got {permits!r}", key=keys[0]
                 )
+        # A weight and an owner record are checked as every store checks them (off the usual path).
+        if type(request.weight) is not int or request.weight != 1 or type(request.owner) is not str:
+            checked_request(request, "", "the PostgreSQL advisory store")
 
     @staticmethod
     def check_kind(kind: str) -> None:
@@ -71,6 +81,7 @@ class Core(SemaphoreOps):
             "lease": float(request.lease),
             "token": request.token,
             "owner": request.owner or None,
+            "place": 0,
         }
 
     # -- acquire ----------------------------------------------------------------------------
@@ -106,7 +117,9 @@ class Core(SemaphoreOps):
         if fence is not None:
             sql = _sql.TRY_SHARED if shared else _sql.TRY_X
             after = self._pin_after(request, key, objkey, shared)
-            _, fence = yield Run(sql, self._params(request, key, objkey), key, session, frozenset((objkey,)), after)
+            params = self._params(request, key, objkey)
+            bind = self._reader_place(objkey, params) if shared else None
+            _, fence = yield Run(sql, params, key, session, frozenset((objkey,)), after, bind)
             if fence:
                 yield from self._dequeue(key, waiter)
                 return AcquireResult(True, fence)
@@ -129,14 +142,27 @@ class Core(SemaphoreOps):
             fence = rows[0][0] if rows else None
             if fence is None:
                 return None
+            place = int(rows[0][1]) if shared else 0
             with self.lock:
                 if not self.table.conflict(objkey, shared, request.token, request.waiter, request.below):
-                    self.table.add(Hold(key, request.token, request.kind, objkey, shared, session, int(fence)))
+                    hold = Hold(key, request.token, request.kind, objkey, shared, session, int(fence), place=place)
+                    self.table.add(hold)
                     return int(fence)
             session.undo.append((objkey, shared))
             return None
 
         return after
+
+    def _reader_place(self, objkey: int, params: dict[str, Any]) -> Callable[[Any], dict[str, Any]]:
+        """A reader's parameters on the session its statement runs on: its place there, the
+        first not taken by another reader of this client (0 unless readers share it)."""
+
+        def bind(session: Any) -> dict[str, Any]:
+            with self.lock:
+                taken = {hold.place for hold in self.table.readers_on(objkey, session)}
+            return {**params, "place": next(place for place in range(len(taken) + 1) if place not in taken)}
+
+        return bind
 
     def _claim(self, request: AcquireRequest, key: str, objkey: int, shared: bool) -> Pending | None:
         """The waiter's granted wait becomes its hold (lock held): that wait, or ``None``."""
@@ -165,7 +191,6 @@ class Core(SemaphoreOps):
             "token": request.token,
             "owner": request.owner or None,
             "lease": float(request.lease),
-            "was": pending.token,
         }
         sql = _sql.CLAIMED_SHARED if pending.shared else _sql.CLAIMED
         try:
@@ -264,12 +289,15 @@ class Core(SemaphoreOps):
                 self.table.remove(hold)
                 return ReleaseResult.NOT_OWNER
             queued = [p for k in hold.objkeys for p in self.table.waits_on(k) if p.state == WAITING]
+            alone = hold.shared and self.table.readers_on(hold.objkey, hold.session) == [hold]
         params: dict[str, Any] = {"k": hold.objkey, "pids": [p.session.pid for p in queued]}
         if hold.more:  # a semaphore's hold of several permits
             params["ks"] = list(hold.objkeys)
             sql = _sql.UNLOCK_WOKEN_SLOTS if queued else _sql.UNLOCK_SLOTS
-        elif hold.shared:  # a reader: its record goes with it
-            params["token"] = hold.token
+        elif hold.shared and alone and hold.place == 0:  # its row ends with the session's shared hold
+            sql = _sql.UNLOCK_WOKEN_SHARED if queued else _sql.UNLOCK_SHARED
+        elif hold.shared:  # other readers keep the session's shared hold: the row goes
+            params["place"] = hold.place
             sql = _sql.UNLOCK_WOKEN_READER if queued else _sql.UNLOCK_READER
         else:
             sql = _sql.UNLOCK_WOKEN if queued else _sql.UNLOCK

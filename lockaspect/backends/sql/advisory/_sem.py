@@ -57,7 +57,7 @@ class SemaphoreOps:
             elif pending is not None and pending.state == GRANTED:  # this process's place, one permit
                 self.table.remove_wait(pending)
                 leave, pending = pending, None
-            free = [(n, slot) for n, slot in enumerate(slots) if not self.table.conflict(slot, False, token, waiter)]
+            free = [None if self.table.conflict(slot, False, token, waiter) else slot for slot in slots]
         if claimed is not None:
             yield from self._record_claim(request, claimed)
             return AcquireResult(True, claimed.fence)
@@ -66,8 +66,7 @@ class SemaphoreOps:
         params = {
             "name": self.namespace + key,
             "want": permits,
-            "slots": [slot for _, slot in free],
-            "nums": [n for n, _ in free],
+            "slots": free,
             "weight": weight,
             "lease": float(request.lease),
             "token": token,
@@ -75,10 +74,10 @@ class SemaphoreOps:
         }
 
         def after(session: Any, rows: list[tuple[Any, ...]]) -> tuple[int | None, int | None]:
-            stored, taken, fence, _ = rows[0]
+            stored, taken, fence = rows[0][:3]
             if fence is None:
                 return stored, None
-            objkeys = [slots[n] for n in taken]
+            objkeys = [slots[n] for n in taken] if weight > 1 else [slots[taken]]
             with self.lock:
                 if not any(self.table.conflict(objkey, False, token, waiter) for objkey in objkeys):
                     hold = Hold(key, token, "semaphore", objkeys[0], False, session, int(fence), tuple(objkeys[1:]))
@@ -87,7 +86,8 @@ class SemaphoreOps:
             session.undo.extend((objkey, False) for objkey in objkeys)
             return stored, None
 
-        _, (stored, fence) = yield Run(_sql.SEM_ACQUIRE, params, key, None, frozenset(slots), after)
+        sql = _sql.SEM_ACQUIRE if weight == 1 else _sql.SEM_ACQUIRE_MANY
+        _, (stored, fence) = yield Run(sql, params, key, None, frozenset(slots), after)
         if stored is not None and stored != permits:
             return AcquireResult(False, permits=int(stored))
         if fence:

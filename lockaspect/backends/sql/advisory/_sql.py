@@ -9,9 +9,13 @@ Every acquiring statement takes the lock and draws the fencing token from the on
 records who took it, for the operator tools, in that statement too: an exclusive hold (and
 each slot of a semaphore's hold) in ``lockaspect_advisory`` (one row per advisory key: the
 full key, the kind, the last fencing token, the holder's backend pid, lease, owner token and
-owner record), a reader in ``lockaspect_advisory_reader`` (one row per reader, deleted by its
-release). A row of ``lockaspect_advisory`` is not deleted on release: it tells who holds the
-key only while ``pg_locks`` shows its backend pid holding it. The transaction-scoped helper
+owner record), a reader in ``lockaspect_advisory_reader`` (one row per reader's place: the
+advisory key, the backend pid, and the reader's number among this client's readers of the
+key on that session, 0 but for readers sharing a session). Rows are overwritten, not
+deleted, on release: a row tells who holds the key only while ``pg_locks`` shows its backend
+pid holding it (in its mode). The one exception: a reader that leaves others of its client on
+its session, or whose place is not 0, deletes its row with its release (its session still
+holds the key shared). The transaction-scoped helper
 uses the same key hash and the same sequence, so both modes exclude each other and tokens
 keep increasing across them.
 """
@@ -41,6 +45,7 @@ __all__ = [
     "SCHEMA_LOCK",
     "SCHEMA_UPGRADE",
     "SEM_ACQUIRE",
+    "SEM_ACQUIRE_MANY",
     "SEM_ADD",
     "SEM_IN_USE",
     "SEM_SET",
@@ -53,6 +58,7 @@ __all__ = [
     "UNLOCK_SLOTS",
     "UNLOCK_WOKEN",
     "UNLOCK_WOKEN_READER",
+    "UNLOCK_WOKEN_SHARED",
     "UNLOCK_WOKEN_SLOTS",
 ]
 
@@ -80,9 +86,9 @@ SCHEMA_BASE: Final = (
 SCHEMA_UPGRADE: Final = (
     "ALTER TABLE lockaspect_advisory ADD COLUMN IF NOT EXISTS token text, ADD COLUMN IF NOT EXISTS owner text",
     "ALTER TABLE lockaspect_semaphore ADD COLUMN IF NOT EXISTS slots integer",
-    "CREATE TABLE IF NOT EXISTS lockaspect_advisory_reader (objkey bigint NOT NULL, token text NOT NULL,"
-    " pid integer NOT NULL, owner text, fence bigint NOT NULL, lease double precision, acquired_at timestamptz,"
-    " PRIMARY KEY (objkey, token))",
+    "CREATE TABLE IF NOT EXISTS lockaspect_advisory_reader (objkey bigint NOT NULL, pid integer NOT NULL,"
+    " place integer NOT NULL, name text NOT NULL, token text NOT NULL, owner text, fence bigint NOT NULL,"
+    " lease double precision, acquired_at timestamptz, PRIMARY KEY (objkey, pid, place))",
 )
 SCHEMA: Final = SCHEMA_BASE + SCHEMA_UPGRADE
 
@@ -110,15 +116,14 @@ _RECORD: Final = (
     )
     + ") SELECT fence FROM got"
 )
-#: A reader's record: its own row, and the key's name for ``held_keys`` (kept if there).
+#: A reader's record, at its place on its session (``%(place)s``): (fence, place).
 _RECORD_SHARED: Final = (
-    ", named AS (INSERT INTO lockaspect_advisory (objkey, name, kind) SELECT %(k)s, %(name)s, 'read' FROM got"
-    " WHERE fence IS NOT NULL ON CONFLICT (objkey) DO NOTHING),"
-    " meta AS (INSERT INTO lockaspect_advisory_reader (objkey, token, pid, owner, fence, lease, acquired_at)"
-    " SELECT %(k)s, %(token)s, pg_backend_pid(), %(owner)s, fence, %(lease)s, clock_timestamp() FROM got"
-    " WHERE fence IS NOT NULL ON CONFLICT (objkey, token) DO UPDATE SET pid = excluded.pid, owner = excluded.owner,"
-    " fence = excluded.fence, lease = excluded.lease, acquired_at = excluded.acquired_at)"
-    " SELECT fence FROM got"
+    ", meta AS (INSERT INTO lockaspect_advisory_reader (objkey, pid, place, name, token, owner, fence, lease,"
+    " acquired_at) SELECT %(k)s, pg_backend_pid(), %(place)s, %(name)s, %(token)s, %(owner)s, fence, %(lease)s,"
+    " clock_timestamp() FROM got WHERE fence IS NOT NULL ON CONFLICT (objkey, pid, place) DO UPDATE SET"
+    " name = excluded.name, token = excluded.token, owner = excluded.owner, fence = excluded.fence,"
+    " lease = excluded.lease, acquired_at = excluded.acquired_at)"
+    " SELECT fence, %(place)s FROM got"
 )
 
 
@@ -151,7 +156,7 @@ CLAIMED: Final = (
 )
 CLAIMED_SHARED: Final = (
     "UPDATE lockaspect_advisory_reader SET token = %(token)s, owner = %(owner)s, lease = %(lease)s"
-    " WHERE objkey = %(k)s AND token = %(was)s"
+    " WHERE objkey = %(k)s AND pid = pg_backend_pid() AND place = 0"
 )
 
 #: Unlock once on the holding session: ``false`` when this session did not hold it.
@@ -166,8 +171,12 @@ _WOKEN: Final = (
     f" AND l.granted AND {LOCK_KEY} = %(k)s AND l.pid = ANY(%(pids)s)) FROM u"
 )
 UNLOCK_WOKEN: Final = "WITH u AS MATERIALIZED (SELECT pg_advisory_unlock(%(k)s) AS ok)" + _WOKEN
-#: A reader's release also deletes its record.
-_DROP_READER: Final = ", d AS (DELETE FROM lockaspect_advisory_reader WHERE objkey = %(k)s AND token = %(token)s)"
+UNLOCK_WOKEN_SHARED: Final = "WITH u AS MATERIALIZED (SELECT pg_advisory_unlock_shared(%(k)s) AS ok)" + _WOKEN
+#: A reader's release that deletes its record (see the module docstring for when).
+_DROP_READER: Final = (
+    ", d AS (DELETE FROM lockaspect_advisory_reader WHERE objkey = %(k)s AND pid = pg_backend_pid()"
+    " AND place = %(place)s)"
+)
 UNLOCK_READER: Final = (
     "WITH u AS MATERIALIZED (SELECT pg_advisory_unlock_shared(%(k)s) AS ok)" + _DROP_READER + " SELECT ok FROM u"
 )
@@ -193,19 +202,38 @@ PROBE: Final = (
     " AND l.pid = pg_backend_pid()"
 )
 
-#: A semaphore hold of ``%(weight)s`` permits: the stored number of permits (inserted on first
-#: use), and that many free slots taken, all or none (``CASE`` keeps the permits check before
-#: any lock is tried; ``LIMIT`` stops the scan once enough are taken; too few are unlocked
-#: again in the same statement), with one fencing token for the hold: (permits, the slots'
-#: numbers, fence, slots given back).
-SEM_ACQUIRE: Final = (
+_SEM_STORED: Final = (
     "WITH stored AS MATERIALIZED (SELECT permits FROM lockaspect_semaphore WHERE name = %(name)s),"
     " ins AS (INSERT INTO lockaspect_semaphore (name, permits) SELECT %(name)s, %(want)s"
     " WHERE NOT EXISTS (SELECT 1 FROM stored) ON CONFLICT (name) DO NOTHING),"
     " permits AS MATERIALIZED (SELECT coalesce((SELECT permits FROM stored), %(want)s) AS n),"
-    " got AS MATERIALIZED (SELECT t.n AS slot, t.k FROM unnest(%(slots)s::bigint[], %(nums)s::int[]) AS t(k, n),"
-    " permits WHERE CASE WHEN permits.n = %(want)s THEN pg_try_advisory_lock(t.k) ELSE false END"
-    " LIMIT %(weight)s),"
+)
+#: The slots to try, in order: ``%(slots)s`` holds every slot's key, ``NULL`` for a slot another
+#: owner of this client holds (the session would be granted it again).
+_SEM_TRY: Final = (
+    " FROM unnest(%(slots)s::bigint[]) WITH ORDINALITY AS t(k, i), permits WHERE t.k IS NOT NULL"
+    " AND CASE WHEN permits.n = %(want)s THEN pg_try_advisory_lock(t.k) ELSE false END"
+)
+
+#: A semaphore hold of one permit: the stored number of permits (inserted on first use), and
+#: the first free slot taken (``CASE`` keeps the permits check before any lock is tried;
+#: ``LIMIT 1`` stops the scan at the first slot taken): (permits, slot, fence).
+SEM_ACQUIRE: Final = (
+    _SEM_STORED
+    + f" got AS MATERIALIZED (SELECT t.i - 1 AS slot, t.k, nextval('{FENCE_SEQUENCE}') AS fence"
+    + _SEM_TRY
+    + " LIMIT 1), meta AS ("
+    + _UPSERT.format(
+        values="k, %(name)s, slot, 'semaphore', fence, pg_backend_pid(), %(lease)s, clock_timestamp(),"
+        " %(token)s, %(owner)s FROM got"
+    )
+    + ") SELECT permits.n, got.slot, got.fence FROM permits LEFT JOIN got ON true"
+)
+#: A semaphore hold of ``%(weight)s`` permits: that many free slots taken, all or none (too
+#: few are unlocked again in the same statement), with one fencing token for the hold:
+#: (permits, the slots' numbers, fence, slots given back).
+SEM_ACQUIRE_MANY: Final = (
+    _SEM_STORED + " got AS MATERIALIZED (SELECT t.i - 1 AS slot, t.k" + _SEM_TRY + " LIMIT %(weight)s),"
     " enough AS MATERIALIZED (SELECT count(*) = %(weight)s AS ok FROM got),"
     " back AS MATERIALIZED (SELECT pg_advisory_unlock(got.k) FROM got, enough WHERE NOT enough.ok),"
     f" fenced AS MATERIALIZED (SELECT nextval('{FENCE_SEQUENCE}') AS fence FROM enough WHERE enough.ok),"
@@ -275,11 +303,17 @@ FORGET: Final = (
 )
 
 #: The recorded full keys (under a prefix) whose advisory lock is held now.
-HELD_NAMES: Final = (
-    f"SELECT DISTINCT a.name FROM pg_locks l JOIN lockaspect_advisory a ON a.objkey = {LOCK_KEY}"
+_HELD: Final = (
     " WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted"
     " AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
-    " AND starts_with(a.name, %(prefix)s)"
+)
+HELD_NAMES: Final = (
+    f"SELECT a.name FROM pg_locks l JOIN lockaspect_advisory a ON a.objkey = {LOCK_KEY}"
+    + _HELD
+    + " AND starts_with(a.name, %(prefix)s) UNION"
+    f" SELECT r.name FROM pg_locks l JOIN lockaspect_advisory_reader r ON r.objkey = {LOCK_KEY} AND r.pid = l.pid"
+    + _HELD
+    + " AND l.mode = 'ShareLock' AND starts_with(r.name, %(prefix)s)"
 )
 
 #: The backends holding any of the given advisory keys (granted), in this database.

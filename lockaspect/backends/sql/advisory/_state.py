@@ -49,6 +49,9 @@ class Hold:
     session: Any
     fence: int
     more: tuple[int, ...] = ()
+    #: A reader's place among this client's readers of the key on its session (its row of
+    #: ``lockaspect_advisory_reader``).
+    place: int = 0
 
     @property
     def objkeys(self) -> tuple[int, ...]:
@@ -68,8 +71,6 @@ class Pending:
     shared: bool
     session: Any
     seen: float
-    #: The owner token the queued statement recorded (a reader's record is keyed by it).
-    token: str = ""
     state: int = WAITING
     fence: int = 0
     error: BaseException | None = None
@@ -140,6 +141,10 @@ class Table:
                 self.by_objkey.pop(objkey, None)
             hold.session.pin(objkey, -1)
         return True
+
+    def readers_on(self, objkey: int, session: Any) -> list[Hold]:
+        """This client's readers of ``objkey`` on ``session``."""
+        return [hold for hold in self.by_objkey.get(objkey, ()) if hold.shared and hold.session is session]
 
     def on_session(self, session: Any) -> list[Hold]:
         return [hold for hold in self.holds.values() if hold.session is session]

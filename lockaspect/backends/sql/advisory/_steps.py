@@ -22,6 +22,9 @@ class Run(NamedTuple):
     session: Any = None
     avoid: frozenset[int] = frozenset()
     after: Callable[[Any, list[tuple[Any, ...]]], Any] | None = None
+    #: The parameters for the session the statement runs on (called under the session's
+    #: lock, before the statement), when they depend on it.
+    bind: Callable[[Any], dict[str, Any]] | None = None
 
 
 class Queue(NamedTuple):

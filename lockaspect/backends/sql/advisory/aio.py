@@ -250,7 +250,8 @@ class AsyncPostgresAdvisoryStore(AsyncAdminMixin):
         try:
             async with session.lock:
                 try:
-                    rows = await session.execute(op.sql, op.params)
+                    params = op.params if op.bind is None else op.bind(session)
+                    rows = await session.execute(op.sql, params)
                     result = op.after(session, rows) if op.after is not None else rows
                 except psycopg.Error as exc:
                     if broken(session.conn):
@@ -281,7 +282,7 @@ class AsyncPostgresAdvisoryStore(AsyncAdminMixin):
     # -- queued waits -----------------------------------------------------------------------
 
     async def _queue(self, op: Queue) -> Pending | None:
-        pending = Pending(op.key, op.waiter, op.kind, op.objkey, op.shared, None, time.monotonic(), op.params["token"])
+        pending = Pending(op.key, op.waiter, op.kind, op.objkey, op.shared, None, time.monotonic())
         session = await self._pool.for_wait(pending)
         if session is None:
             return None

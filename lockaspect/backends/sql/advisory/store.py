@@ -179,7 +179,8 @@ class PostgresAdvisoryStore(AdminMixin):
         try:
             with session.lock:
                 try:
-                    rows = session.execute(op.sql, op.params)
+                    params = op.params if op.bind is None else op.bind(session)
+                    rows = session.execute(op.sql, params)
                     result = op.after(session, rows) if op.after is not None else rows
                 except psycopg.Error as exc:
                     if broken(session.conn):
@@ -199,7 +200,7 @@ class PostgresAdvisoryStore(AdminMixin):
     # -- queued waits -----------------------------------------------------------------------
 
     def _queue(self, op: Queue) -> Pending | None:
-        pending = Pending(op.key, op.waiter, op.kind, op.objkey, op.shared, None, time.monotonic(), op.params["token"])
+        pending = Pending(op.key, op.waiter, op.kind, op.objkey, op.shared, None, time.monotonic())
         session = self._pool.for_wait(pending)
         if session is None:
             return None

@@ -406,15 +406,26 @@ _COLUMNS = (
 def _migrate_postgres(conn: Any, label: str) -> None:
     """Add the columns a table made by an older lockaspect lacks. The catalog is read first:
     an ALTER TABLE, even one that adds nothing, takes the table's exclusive lock."""
+    import psycopg
+
     have = {row[0] for row in conn.execute(_COLUMNS).fetchall()}
     missing = [(column, declaration) for column, declaration in ADDED_COLUMNS if column not in have]
     if not missing:
         return
-    with conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
-        conn.execute(f"SET LOCAL lock_timeout = '{_MIGRATE_WAIT}'")
-        for column, declaration in missing:
-            conn.execute(f"ALTER TABLE lockaspect_holds ADD COLUMN IF NOT EXISTS {column} {declaration}")
+    statements = [f"ALTER TABLE lockaspect_holds ADD COLUMN IF NOT EXISTS {c} {d}" for c, d in missing]
+    try:
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+            conn.execute(f"SET LOCAL lock_timeout = '{_MIGRATE_WAIT}'")
+            for statement in statements:
+                conn.execute(statement)
+    except psycopg.errors.LockNotAvailable:
+        raise
+    except psycopg.Error as exc:
+        raise ConfigurationError(
+            f"{label}: lockaspect_holds was made by an earlier lockaspect and needs a new column, which this role "
+            f"cannot add ({exc}); run once as the table's owner: {'; '.join(statements)}"
+        ) from exc
 
 
 def _missing(label: str, what: str, cause: BaseException | None = None) -> Any:
