@@ -221,7 +221,7 @@ def lockaspect_statements(conn: Any, dialect: str) -> Variant:
     its own, without the library around them. The gap to the floor is the statements' cost
     (fencing counter, metadata, wider key); the gap to the lockaspect rows is the library's."""
     from lockaspect.backends.sql.table._sql import POSTGRES, SQLITE
-    from lockaspect.backends.sql.table.store import owner_info
+    from lockaspect.owner import owner_record
 
     d = SQLITE if dialect == "sqlite" else POSTGRES
     name = "lockaspect:bench-sql:statements"
@@ -235,7 +235,7 @@ def lockaspect_statements(conn: Any, dialect: str) -> Variant:
                 "owner": token,
                 "kind": "lock",
                 "lease": LEASE,
-                "info": owner_info(),
+                "info": owner_record(name),
             }
             if not conn.execute(d.claim, claim).fetchall():
                 raise BenchError("lockaspect statements: key busy")

@@ -11,9 +11,10 @@ Open it with ``LockClient.from_url("postgresql://user:pw@host:5432/db")`` (any l
 bytes of its SHA-256, a stable format); a semaphore's slot ``i`` is
 ``advisory_key(namespace + key + ":slot:" + i)``. Two keys share an advisory key with
 probability 2**-64 per pair: astronomically unlikely, and then they only exclude each other.
-Each acquisition records the full key, kind, fencing token, backend pid and lease in
-``lockaspect_advisory`` (one row per advisory key), for :meth:`describe` and
-:meth:`held_keys` (joined with ``pg_locks``).
+Each acquisition records the full key, kind, fencing token, backend pid, lease, owner token
+and owner record in ``lockaspect_advisory`` (one row per advisory key; a reader's token and
+record in ``lockaspect_advisory_reader``), in the acquiring statement itself, for
+:meth:`describe` and :meth:`held_keys` (joined with ``pg_locks``).
 
 **What it guarantees.**
 
@@ -71,8 +72,10 @@ Each acquisition records the full key, kind, fencing token, backend pid and leas
 * ``fair`` and ``lock`` are the same here: the server serves waiters in order for both. A
   waiting writer keeps new readers out (the server queues them behind it).
 * A semaphore's waiter queues on one slot (picked at random) and retries every slot at each
-  recheck: not FIFO. Its number of permits is stored in ``lockaspect_semaphore``; a request
-  with another number is refused (``AcquireResult.permits``), as in the memory store.
+  recheck: not FIFO. A hold of several permits takes that many slots at once, all or none;
+  its waiter polls (a slot held while waiting for the others would hold back permits). Its
+  number of permits is stored in ``lockaspect_semaphore``; a request with another number is
+  refused (``AcquireResult.permits``), as in the memory store.
 * A busy answer's ``holder_ttl`` is the lease asked for (a session lock has no expiry to
   report). ``describe`` reports the holder's lease as ``remaining``.
 * A waiter beyond ``max_waiters`` (no connection to spare) polls instead of queueing.

@@ -12,67 +12,22 @@ granted to a waiter's queued wait; all-or-none multi-key locks; and what a busy 
 from __future__ import annotations
 
 import math
-import random
 import threading
 import time
-from collections.abc import Callable, Generator, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from ....errors import BackendError, ConfigurationError
-from ...base import KINDS, AcquireRequest, AcquireResult, ReleaseResult, RenewItem, RenewStatus
+from ...base import KINDS, AcquireRequest, AcquireResult, ReleaseResult, RenewItem, RenewStatus, checked_request
 from . import _sql
-from ._state import CLOSED, FAILED, GRANTED, WAITING, Hold, Pending, Table, lock_key, slot_keys
+from ._sem import SemaphoreOps
+from ._state import CLOSED, FAILED, GRANTED, WAITING, Hold, Pending, Table, lock_key
+from ._steps import Leave, Plan, Queue, Run, Undo
 
 __all__ = ["Core", "Leave", "Plan", "Queue", "Run", "Undo"]
 
 
-class Run(NamedTuple):
-    """Send ``sql`` on ``session`` (``None``: a holder session of the pool, preferring one that
-    holds none of ``avoid``) under the session's lock; then, still under it, ``after(session,
-    rows)`` (its value is the result). The driver answers ``(session, result)``."""
-
-    sql: str
-    params: dict[str, Any]
-    key: str
-    session: Any = None
-    avoid: frozenset[int] = frozenset()
-    after: Callable[[Any, list[tuple[Any, ...]]], Any] | None = None
-
-
-class Queue(NamedTuple):
-    """Queue ``waiter`` in the server: a blocking ``sql`` on a session of its own, in the
-    background. The driver answers the :class:`Pending` (``None``: no session to spare)."""
-
-    key: str
-    waiter: str
-    kind: str
-    objkey: int
-    shared: bool
-    sql: str
-    params: dict[str, Any]
-
-
-class Undo(NamedTuple):
-    """Unlock ``objkey`` once on ``session`` (errors ignored: a lost session freed it)."""
-
-    session: Any
-    objkey: int
-    shared: bool
-
-
-class Leave(NamedTuple):
-    """Give up a queued wait: cancel its statement in the server, or unlock what it got."""
-
-    pending: Pending
-
-
-Plan = Generator[Any, Any, Any]
-
-#: The busy answer's ``holder_ttl`` when the holder is another client: a session lock has no
-#: expiry to report; the retry hint is the lease asked for.
-
-
-class Core:
+class Core(SemaphoreOps):
     """The state and decisions shared by a store and its asyncio twins (one lock, one table)."""
 
     def __init__(self, namespace: str, shown: str, idle_timeout: float) -> None:
@@ -108,6 +63,9 @@ class Core:
                 raise ConfigurationError(
                     f"a semaphore request needs its number of permits, got {permits!r}", key=keys[0]
                 )
+        # A weight and an owner record are checked as every store checks them (off the usual path).
+        if type(request.weight) is not int or request.weight != 1 or type(request.owner) is not str:
+            checked_request(request, "", "the PostgreSQL advisory store")
 
     @staticmethod
     def check_kind(kind: str) -> None:
@@ -121,6 +79,9 @@ class Core:
             "slot": slot,
             "kind": request.kind,
             "lease": float(request.lease),
+            "token": request.token,
+            "owner": request.owner or None,
+            "place": 0,
         }
 
     # -- acquire ----------------------------------------------------------------------------
@@ -136,26 +97,29 @@ class Core:
         shared = request.kind == "read"
         objkey = lock_key(self.namespace, key)
         session = None
+        fence: int | None = None
         with self.lock:
             hold = self.table.live(token, key)
             if hold is not None:
                 return AcquireResult(True, hold.fence)
             claimed = self._claim(request, key, objkey, shared)
-            if claimed is not None:
-                return claimed
-            if self.table.wait_of(key, waiter) is not None:
-                return self._busy(request)  # queued in the server: its grant wakes us
-            if self.table.conflict(objkey, shared, token, waiter, request.below):
-                fence = None
-            else:
-                fence = 0
-                if request.below:
-                    below = self.table.held(request.below, key)
-                    session = None if below is None else below.session  # a downgrade: on the writer's session
+            if claimed is None:
+                if self.table.wait_of(key, waiter) is not None:
+                    return self._busy(request)  # queued in the server: its grant wakes us
+                if not self.table.conflict(objkey, shared, token, waiter, request.below):
+                    fence = 0
+                    if request.below:
+                        below = self.table.held(request.below, key)
+                        session = None if below is None else below.session  # a downgrade: on the writer's session
+        if claimed is not None:
+            yield from self._record_claim(request, claimed)
+            return AcquireResult(True, claimed.fence)
         if fence is not None:
             sql = _sql.TRY_SHARED if shared else _sql.TRY_X
             after = self._pin_after(request, key, objkey, shared)
-            _, fence = yield Run(sql, self._params(request, key, objkey), key, session, frozenset((objkey,)), after)
+            params = self._params(request, key, objkey)
+            bind = self._reader_place(objkey, params) if shared else None
+            _, fence = yield Run(sql, params, key, session, frozenset((objkey,)), after, bind)
             if fence:
                 yield from self._dequeue(key, waiter)
                 return AcquireResult(True, fence)
@@ -178,17 +142,30 @@ class Core:
             fence = rows[0][0] if rows else None
             if fence is None:
                 return None
+            place = int(rows[0][1]) if shared else 0
             with self.lock:
                 if not self.table.conflict(objkey, shared, request.token, request.waiter, request.below):
-                    self.table.add(Hold(key, request.token, request.kind, objkey, shared, session, int(fence)))
+                    hold = Hold(key, request.token, request.kind, objkey, shared, session, int(fence), place=place)
+                    self.table.add(hold)
                     return int(fence)
             session.undo.append((objkey, shared))
             return None
 
         return after
 
-    def _claim(self, request: AcquireRequest, key: str, objkey: int, shared: bool) -> AcquireResult | None:
-        """The waiter's granted wait becomes its hold (lock held)."""
+    def _reader_place(self, objkey: int, params: dict[str, Any]) -> Callable[[Any], dict[str, Any]]:
+        """A reader's parameters on the session its statement runs on: its place there, the
+        first not taken by another reader of this client (0 unless readers share it)."""
+
+        def bind(session: Any) -> dict[str, Any]:
+            with self.lock:
+                taken = {hold.place for hold in self.table.readers_on(objkey, session)}
+            return {**params, "place": next(place for place in range(len(taken) + 1) if place not in taken)}
+
+        return bind
+
+    def _claim(self, request: AcquireRequest, key: str, objkey: int, shared: bool) -> Pending | None:
+        """The waiter's granted wait becomes its hold (lock held): that wait, or ``None``."""
         pending = self.table.wait_of(key, request.waiter)
         if pending is None:
             return None
@@ -199,10 +176,33 @@ class Core:
             pending.session.waiting = None
             pending.over.set()
             self.table.add(Hold(key, request.token, request.kind, objkey, shared, pending.session, pending.fence))
-            return AcquireResult(True, pending.fence)
+            return pending
         if pending.state in (FAILED, CLOSED):
             self.table.remove_wait(pending)
         return None
+
+    def _record_claim(self, request: AcquireRequest, pending: Pending) -> Plan:
+        """A claimed wait's record names the queued attempt's owner: make it the claimer's
+        (one statement on the holding session; the one round trip a handover adds). A
+        failure leaves the record stale (it is for the operator tools only); an interruption
+        gives the hold back to the session, which closes (see ``SessionBase.suspect``)."""
+        params = {
+            "k": pending.objkey,
+            "token": request.token,
+            "owner": request.owner or None,
+            "lease": float(request.lease),
+        }
+        sql = _sql.CLAIMED_SHARED if pending.shared else _sql.CLAIMED
+        try:
+            yield Run(sql, params, pending.key, pending.session)
+        except BackendError:
+            pass
+        except BaseException:
+            with self.lock:
+                hold = self.table.held(request.token, pending.key)
+                if hold is not None:
+                    self.table.remove(hold)
+            raise
 
     def _dequeue(self, key: str, waiter: str | None) -> Plan:
         """Acquired without our queued wait (another slot, or a try): leave the queue."""
@@ -213,55 +213,6 @@ class Core:
         if pending is not None:
             yield Leave(pending)
 
-    def _sem_acquire(self, request: AcquireRequest) -> Plan:
-        key, token, waiter = request.key, request.token, request.waiter
-        permits = request.permits
-        assert permits is not None
-        slots = slot_keys(self.namespace, key, permits)
-        with self.lock:
-            hold = self.table.live(token, key)
-            if hold is not None:
-                return AcquireResult(True, hold.fence)
-            pending = self.table.wait_of(key, waiter)
-            if pending is not None:
-                claimed = self._claim(request, key, pending.objkey, False)
-                if claimed is not None:
-                    return claimed
-            free = [slot for slot in slots if not self.table.conflict(slot, False, token, waiter)]
-        params = {"name": self.namespace + key, "want": permits, "slots": free, "lease": float(request.lease)}
-
-        def after(session: Any, rows: list[tuple[Any, ...]]) -> tuple[int | None, int | None]:
-            stored, slot, fence = rows[0]
-            if fence is None:
-                return stored, None
-            objkey = free[slot]
-            with self.lock:
-                if not self.table.conflict(objkey, False, token, waiter):
-                    self.table.add(Hold(key, token, "semaphore", objkey, False, session, int(fence)))
-                    return stored, int(fence)
-            session.undo.append((objkey, False))
-            return stored, None
-
-        _, (stored, fence) = yield Run(_sql.SEM_ACQUIRE, params, key, None, frozenset(slots), after)
-        if stored is not None and stored != permits:
-            return AcquireResult(False, permits=int(stored))
-        if fence:
-            yield from self._dequeue(key, waiter)
-            return AcquireResult(True, fence)
-        if waiter is not None and (pending is None or pending.state != WAITING):
-            # Queue on one slot (at random: a semaphore's waiters are not served in order).
-            objkey = random.choice(slots)
-            yield Queue(
-                key,
-                waiter,
-                "semaphore",
-                objkey,
-                False,
-                _sql.ACQUIRE_X,
-                self._params(request, key, objkey, slots.index(objkey)),
-            )
-        return self._busy(request)
-
     def _multi_acquire(self, request: AcquireRequest) -> Plan:
         """Every key or none, in the request's (sorted) order, on one session."""
         token, waiter = request.token, request.waiter
@@ -269,6 +220,7 @@ class Core:
         fences: list[int] = []
         session: Any = None
         busy: str | None = None
+        record: Pending | None = None
         for key in request.keys:
             objkey = lock_key(self.namespace, key)
             with self.lock:
@@ -281,12 +233,16 @@ class Core:
                         hold = self.table.held(token, key)
                         assert hold is not None
                         taken.append(hold)
+                        record = claimed
                     else:
                         queued = pending is not None and pending.state == WAITING
                         if queued or self.table.conflict(objkey, False, token, waiter):
                             busy = key
             if busy is not None:
                 break
+            if record is not None:
+                yield from self._record_claim(request, record)
+                record = None
             if hold is None:
                 after = self._pin_after(request, key, objkey, False)
                 session, fence = yield Run(
@@ -316,7 +272,8 @@ class Core:
     def _give_back(self, hold: Hold) -> Plan:
         with self.lock:
             self.table.remove(hold)
-        yield Undo(hold.session, hold.objkey, hold.shared)
+        for objkey in hold.objkeys:
+            yield Undo(hold.session, objkey, hold.shared)
 
     # -- release, re-entry, queue ---------------------------------------------------------
 
@@ -331,12 +288,19 @@ class Core:
             if hold.session.lost is not None:
                 self.table.remove(hold)
                 return ReleaseResult.NOT_OWNER
-            queued = [p for p in self.table.waits_on(hold.objkey) if p.state == WAITING]
-        params = {"k": hold.objkey, "pids": [p.session.pid for p in queued]}
-        if queued:
-            sql = _sql.UNLOCK_WOKEN_SHARED if hold.shared else _sql.UNLOCK_WOKEN
+            queued = [p for k in hold.objkeys for p in self.table.waits_on(k) if p.state == WAITING]
+            alone = hold.shared and self.table.readers_on(hold.objkey, hold.session) == [hold]
+        params: dict[str, Any] = {"k": hold.objkey, "pids": [p.session.pid for p in queued]}
+        if hold.more:  # a semaphore's hold of several permits
+            params["ks"] = list(hold.objkeys)
+            sql = _sql.UNLOCK_WOKEN_SLOTS if queued else _sql.UNLOCK_SLOTS
+        elif hold.shared and alone and hold.place == 0:  # its row ends with the session's shared hold
+            sql = _sql.UNLOCK_WOKEN_SHARED if queued else _sql.UNLOCK_SHARED
+        elif hold.shared:  # other readers keep the session's shared hold: the row goes
+            params["place"] = hold.place
+            sql = _sql.UNLOCK_WOKEN_READER if queued else _sql.UNLOCK_READER
         else:
-            sql = _sql.UNLOCK_SHARED if hold.shared else _sql.UNLOCK
+            sql = _sql.UNLOCK_WOKEN if queued else _sql.UNLOCK
 
         def after(session: Any, rows: list[tuple[Any, ...]]) -> tuple[bool, list[int]]:
             with self.lock:
@@ -379,7 +343,7 @@ class Core:
             if _gone(hold):
                 return False  # the session is gone, and the lock with it
             raise
-        return keys is not None and hold.objkey in keys and not _gone(hold)
+        return keys is not None and all(objkey in keys for objkey in hold.objkeys) and not _gone(hold)
 
     def unqueue(self, key: str, waiter: str, kind: str) -> Plan:
         self.check_kind(kind)
@@ -418,7 +382,7 @@ class Core:
         for i in items:
             hold = holds[i]
             assert hold is not None
-            statuses[i] = keys is not None and hold.objkey in keys
+            statuses[i] = keys is not None and all(objkey in keys for objkey in hold.objkeys)
 
 
 def _gone(hold: Hold) -> bool:

@@ -16,7 +16,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import psycopg
@@ -27,7 +27,17 @@ from .. import _pgerrors
 from . import _sql
 from ._options import Settings
 
-__all__ = ["Pool", "PoolBase", "Session", "SessionBase", "schema_error", "setup_statements", "store_error"]
+__all__ = [
+    "Pool",
+    "PoolBase",
+    "Session",
+    "SessionBase",
+    "schema_error",
+    "schema_steps",
+    "setup_statements",
+    "store_error",
+    "upgrade_error",
+]
 
 log = logging.getLogger("lockaspect.postgres")
 
@@ -103,9 +113,36 @@ def store_error(exc: BaseException, key: str | None, shown: str) -> LockError:
 def schema_error(shown: str, key: str | None = None) -> ConfigurationError:
     return ConfigurationError(
         f"the lockaspect schema is missing in {shown} (the sequence {_sql.FENCE_SEQUENCE} and the tables "
-        "lockaspect_advisory, lockaspect_semaphore): open the store once with create_schema=True (the default), "
-        "or run as the owner: " + "; ".join(_sql.SCHEMA[1:]),
+        "lockaspect_advisory, lockaspect_advisory_reader, lockaspect_semaphore): open the store once with "
+        "create_schema=True (the default), or run as the owner: " + "; ".join(_sql.SCHEMA),
         key=key,
+    )
+
+
+def schema_steps(have: Sequence[Any], create: bool, shown: str) -> tuple[str, ...]:
+    """The statements to run, in one transaction, on a database whose ``SCHEMA_CHECK``
+    answered ``have``: the whole schema (``create``), the upgrade of one made by an older
+    lockaspect (whatever ``create`` says: the owner records need it), or nothing."""
+    if not all(have[:3]):
+        if not create:
+            raise schema_error(shown)
+        return _sql.SCHEMA_LOCK + _sql.SCHEMA
+    if not all(have[3:5]):
+        return _sql.SCHEMA_LOCK + _sql.SCHEMA_UPGRADE
+    return ()
+
+
+def upgrade_error(exc: BaseException, shown: str) -> LockError:
+    """The error for a schema (or its upgrade) that could not be made."""
+    if isinstance(exc, psycopg.errors.LockNotAvailable):
+        return BackendError(
+            f"PostgreSQL {shown}: upgrading the lockaspect schema waited 5s for a table another transaction "
+            "keeps in use; retry",
+            transient=True,
+        )
+    return ConfigurationError(
+        f"PostgreSQL {shown}: cannot create or upgrade the lockaspect schema ({exc}); run as the owner: "
+        + "; ".join(_sql.SCHEMA)
     )
 
 

@@ -38,7 +38,8 @@ def slot_keys(namespace: str, key: str, permits: int) -> list[int]:
 
 @dataclass(eq=False, slots=True)
 class Hold:
-    """One owner token's hold of one advisory key, pinned to the session that took it."""
+    """One owner token's hold of one advisory key (a semaphore's hold of several permits: of
+    ``objkey`` and the slots in ``more``), pinned to the session that took it."""
 
     key: str
     token: str
@@ -47,6 +48,14 @@ class Hold:
     shared: bool
     session: Any
     fence: int
+    more: tuple[int, ...] = ()
+    #: A reader's place among this client's readers of the key on its session (its row of
+    #: ``lockaspect_advisory_reader``).
+    place: int = 0
+
+    @property
+    def objkeys(self) -> tuple[int, ...]:
+        return (self.objkey, *self.more) if self.more else (self.objkey,)
 
 
 @dataclass(eq=False, slots=True)
@@ -116,20 +125,26 @@ class Table:
 
     def add(self, hold: Hold) -> None:
         self.holds[(hold.token, hold.key)] = hold
-        self.by_objkey.setdefault(hold.objkey, []).append(hold)
-        hold.session.pin(hold.objkey, 1)
+        for objkey in hold.objkeys:
+            self.by_objkey.setdefault(objkey, []).append(hold)
+            hold.session.pin(objkey, 1)
 
     def remove(self, hold: Hold) -> bool:
         """Forget ``hold``; whether it was there."""
         if self.holds.get((hold.token, hold.key)) is not hold:
             return False
         del self.holds[(hold.token, hold.key)]
-        found = self.by_objkey.get(hold.objkey, [])
-        found.remove(hold)
-        if not found:
-            self.by_objkey.pop(hold.objkey, None)
-        hold.session.pin(hold.objkey, -1)
+        for objkey in hold.objkeys:
+            found = self.by_objkey.get(objkey, [])
+            found.remove(hold)
+            if not found:
+                self.by_objkey.pop(objkey, None)
+            hold.session.pin(objkey, -1)
         return True
+
+    def readers_on(self, objkey: int, session: Any) -> list[Hold]:
+        """This client's readers of ``objkey`` on ``session``."""
+        return [hold for hold in self.by_objkey.get(objkey, ()) if hold.shared and hold.session is session]
 
     def on_session(self, session: Any) -> list[Hold]:
         return [hold for hold in self.holds.values() if hold.session is session]

@@ -22,11 +22,23 @@ import psycopg
 from ....errors import BackendError
 from ...base import KINDS, AcquireRequest, AcquireResult, ReleaseResult, RenewItem, RenewStatus, new_waiter_id
 from . import _sql
+from ._admin import AsyncAdminMixin
 from ._notify import AsyncNotifier
 from ._ops import Core, Leave, Plan, Queue, Run, Undo, probe_after
 from ._ops import session_of as _session_of
 from ._options import Settings
-from ._session import _OPEN, CANCELLED, PoolBase, SessionBase, broken, setup_statements, store_error
+from ._session import (
+    _OPEN,
+    CANCELLED,
+    PoolBase,
+    SessionBase,
+    broken,
+    detach,
+    schema_steps,
+    setup_statements,
+    store_error,
+    upgrade_error,
+)
 from ._state import CLOSED, FAILED, GONE_AFTER, GRANTED, WAITING, Pending
 
 __all__ = ["AsyncPostgresAdvisoryStore"]
@@ -139,10 +151,11 @@ class _Stale(Exception):
     pass
 
 
-class AsyncPostgresAdvisoryStore:
+class AsyncPostgresAdvisoryStore(AsyncAdminMixin):
     """The :class:`~lockaspect.backends.base.AsyncStore` twin of a
     :class:`~lockaspect.backends.sql.advisory.store.PostgresAdvisoryStore`, for one event
-    loop (made by its ``asyncio_twin()``)."""
+    loop (made by its ``asyncio_twin()``), with the asyncio admin part (``describe``,
+    ``held_keys``, ``force_release``, ``permits``, ``add_permits``)."""
 
     kinds = KINDS
 
@@ -164,14 +177,14 @@ class AsyncPostgresAdvisoryStore:
         cursor = await conn.execute(_sql.SCHEMA_CHECK)
         have = await cursor.fetchone()
         assert have is not None
-        if not all(have[:3]):
-            if not self.settings.create_schema:
-                from ._session import schema_error
-
-                raise schema_error(self.settings.shown)
-            async with conn.transaction():
-                for statement in _sql.SCHEMA:
-                    await conn.execute(statement)
+        steps = schema_steps(have, self.settings.create_schema, self.settings.shown)
+        if steps:
+            try:
+                async with conn.transaction():
+                    for statement in steps:
+                        await conn.execute(statement)
+            except psycopg.Error as exc:
+                raise upgrade_error(exc, self.settings.shown) from exc
         parent._schema_ok = True
 
     # -- the driver -----------------------------------------------------------------------
@@ -237,7 +250,8 @@ class AsyncPostgresAdvisoryStore:
         try:
             async with session.lock:
                 try:
-                    rows = await session.execute(op.sql, op.params)
+                    params = op.params if op.bind is None else op.bind(session)
+                    rows = await session.execute(op.sql, params)
                     result = op.after(session, rows) if op.after is not None else rows
                 except psycopg.Error as exc:
                     if broken(session.conn):
@@ -423,6 +437,10 @@ class AsyncPostgresAdvisoryStore:
         self._pool.forget()
         self._tasks = set()
         self._notifier = None
+        if self._aadmin is not None:
+            detach(self._aadmin)
+            self._aadmin = None
+        self._aadmin_lock = None
 
     async def aclose(self) -> None:
         """Cancel this twin's queued waits and close its sessions (idempotent)."""
@@ -445,6 +463,7 @@ class AsyncPostgresAdvisoryStore:
         idle, busy = self._pool._close_all()
         for session in idle + busy:
             await _close(session)
+        await self._aclose_admin()
 
     def __repr__(self) -> str:
         return f"<AsyncPostgresAdvisoryStore {self.settings.shown} namespace={self.namespace!r}>"

@@ -31,7 +31,7 @@ from ._notify import Notifier
 from ._ops import Core, Leave, Plan, Queue, Run, Undo, probe_after
 from ._ops import session_of as _session_of
 from ._options import Settings
-from ._session import CANCELLED, Pool, Session, broken, detach, schema_error, store_error
+from ._session import CANCELLED, Pool, Session, broken, detach, schema_steps, store_error, upgrade_error
 from ._state import CLOSED, FAILED, GONE_AFTER, GRANTED, WAITING, Pending
 
 __all__ = ["CAPABILITIES", "PostgresAdvisoryStore"]
@@ -179,7 +179,8 @@ class PostgresAdvisoryStore(AdminMixin):
         try:
             with session.lock:
                 try:
-                    rows = session.execute(op.sql, op.params)
+                    params = op.params if op.bind is None else op.bind(session)
+                    rows = session.execute(op.sql, params)
                     result = op.after(session, rows) if op.after is not None else rows
                 except psycopg.Error as exc:
                     if broken(session.conn):
@@ -395,12 +396,14 @@ class PostgresAdvisoryStore(AdminMixin):
             return
         have = conn.execute(_sql.SCHEMA_CHECK).fetchone()
         assert have is not None
-        if not all(have[:3]):
-            if not self.settings.create_schema:
-                raise schema_error(self.settings.shown)
-            with conn.transaction():
-                for statement in _sql.SCHEMA:
-                    conn.execute(statement)
+        steps = schema_steps(have, self.settings.create_schema, self.settings.shown)
+        if steps:
+            try:
+                with conn.transaction():
+                    for statement in steps:
+                        conn.execute(statement)
+            except psycopg.Error as exc:
+                raise upgrade_error(exc, self.settings.shown) from exc
         self._schema_ok = True
 
     def threads(self) -> list[threading.Thread]:

@@ -16,7 +16,8 @@ of threads (sqlite3 blocks), PostgreSQL through psycopg's ``AsyncConnection``.
 
 from __future__ import annotations
 
+from .aio import AsyncBridgeStore, AsyncTableStore
 from .options import open_sqlite_store, open_table_store, schema_sql
-from .store import AsyncBridgeStore, AsyncTableStore, TableStore
+from .store import TableStore
 
 __all__ = ["AsyncBridgeStore", "AsyncTableStore", "TableStore", "open_sqlite_store", "open_table_store", "schema_sql"]

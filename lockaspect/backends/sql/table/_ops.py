@@ -20,7 +20,7 @@ from collections.abc import Generator, Sequence
 from typing import Any, NamedTuple, TypeVar
 
 from ...._policy import FAIR_GONE_AFTER
-from ...base import AcquireRequest, AcquireResult, KeyState, ReleaseResult, RenewItem, RenewStatus
+from ...base import AcquireRequest, AcquireResult, HolderState, KeyState, ReleaseResult, RenewItem, RenewStatus
 from ._sql import Dialect
 
 __all__ = ["QUEUE_TTL", "Begin", "Counted", "Op", "Query", "Rollback", "TableOps", "place"]
@@ -134,7 +134,7 @@ class TableOps:
             "SELECT space, count(*) FROM lockaspect_waiters WHERE name = :name AND seen > :before GROUP BY space"
         )
         self._shared = t(
-            "SELECT slot, owner, expires_at - :now, fence FROM lockaspect_holds "
+            "SELECT slot, owner, expires_at - :now, fence, weight FROM lockaspect_holds "
             "WHERE name = :name AND space = :space AND expires_at > :now"
         )
         self._drop_expired = t(
@@ -156,9 +156,15 @@ class TableOps:
             "INSERT INTO lockaspect_semaphores (name, permits) VALUES (:name, :permits) "
             "ON CONFLICT (name) DO UPDATE SET permits = excluded.permits"
         )
+        larger = "max" if dialect.name == "sqlite" else "greatest"
+        self._add_permits = t(
+            f"INSERT INTO lockaspect_semaphores (name, permits) VALUES (:name, {larger}(0, :delta)) "
+            f"ON CONFLICT (name) DO UPDATE SET permits = {larger}(0, lockaspect_semaphores.permits + :delta) "
+            "RETURNING permits"
+        )
         self._describe = t(
-            f"SELECT space, slot, kind, expires_at - {dialect.now}, fence FROM lockaspect_holds "
-            f"WHERE name = :name AND expires_at > {dialect.now}"
+            f"SELECT kind, expires_at - {dialect.now}, fence, owner, info, weight FROM lockaspect_holds "
+            f"WHERE name = :name AND expires_at > {dialect.now} ORDER BY fence"
         )
         self._held_names = t(
             f"SELECT DISTINCT name FROM lockaspect_holds WHERE name >= :low AND name < :high "
@@ -168,7 +174,7 @@ class TableOps:
             self._force = t(
                 f"WITH shared AS (DELETE FROM lockaspect_holds WHERE name = :name AND slot <> '' "
                 f"RETURNING expires_at > {now} AS live), exclusive AS (UPDATE lockaspect_holds "
-                f"SET owner = '', expires_at = 0 WHERE name = :name AND slot = '' AND expires_at > {now} "
+                f"SET owner = '', expires_at = 0, info = NULL WHERE name = :name AND slot = '' AND expires_at > {now} "
                 "RETURNING true AS live) SELECT live FROM shared UNION ALL SELECT live FROM exclusive"
             )
         else:
@@ -200,6 +206,7 @@ class TableOps:
             "kind": kind,
             "lease": request.lease,
             "info": info,
+            "weight": request.weight,
         }
 
     # The mutex's acquire and every release, re-entry and renewal are single statements: the
@@ -299,8 +306,11 @@ class TableOps:
         return _busy(held[2], poll)
 
     def _semaphore(self, request: AcquireRequest, info: str | None) -> Op[AcquireResult]:
-        """One of ``request.permits`` permits, each with a lease of its own; a number unlike
-        the stored one changes nothing and reports the stored one (sem_acquire.lua)."""
+        """``request.weight`` of ``request.permits`` permits at once (all or none), under one
+        lease; admitted while the holders' weights plus it fit in the permits. A number unlike
+        the stored one changes nothing and reports the stored one (sem_acquire.lua). The
+        transaction serialises the key's writers, so the sum read is still true when the row is
+        written."""
         name, token = request.key, request.token
         wanted = request.permits
         assert wanted is not None  # checked by the store
@@ -313,17 +323,17 @@ class TableOps:
         space = {"name": name, "space": "sem", "now": now}
         yield Query(self._drop_expired, space)
         holders = yield Query(self._shared, space)
-        for _, owner, _, fence in holders:
+        for _, owner, _, fence, _ in holders:
             if owner == token:
                 return AcquireResult(True, int(fence))
-        if len(holders) < wanted:
+        if sum(int(weight) for *_, weight in holders) + request.weight <= wanted:
             params = self._claim_params(name, "sem", request, "semaphore", info)
             params["now"] = now
             rows = yield Query(self.d.share_at, params)
             return AcquireResult(True, int(rows[0][0]))
         if not holders:
             return AcquireResult(False, retry_after=POLL_QUEUED)  # no permits at all (until raised)
-        return _busy(min(ttl for _, _, ttl, _ in holders), POLL_OTHERS)
+        return _busy(min(ttl for _, _, ttl, _, _ in holders), POLL_OTHERS)
 
     def _rw(self, request: AcquireRequest, info: str | None) -> Op[AcquireResult]:
         """Many readers or one writer. A writer that made an attempt within FAIR_GONE_AFTER
@@ -344,7 +354,7 @@ class TableOps:
                 return AcquireResult(True, int(writer[3]))
             free = writer is None and not readers
         else:
-            for _, owner, _, fence in readers:
+            for _, owner, _, fence, _ in readers:
                 if owner == token:
                     return AcquireResult(True, int(fence))
             downgrade = request.below != "" and writer is not None and writer[1] == request.below
@@ -365,7 +375,7 @@ class TableOps:
         if writer is not None:
             hint: float = writer[2]
         elif readers:
-            hint = min(ttl for _, _, ttl, _ in readers)
+            hint = min(ttl for _, _, ttl, _, _ in readers)
         else:
             hint = FAIR_GONE_AFTER  # only waiting writers keep this reader out
         if waiter is not None and writing:
@@ -422,22 +432,25 @@ class TableOps:
     # -- the operator's view ----------------------------------------------------------------
 
     def describe(self, name: str, key: str) -> Op[list[KeyState]]:
-        """One :class:`KeyState` per kind held at ``name`` (reported under ``key``)."""
+        """One :class:`KeyState` per kind held at ``name`` (reported under ``key``), each
+        listing its holders with their owner records (a row of an older version has the
+        host, pid and thread it recorded then, or none)."""
         now = yield Begin(())
         rows = yield Query(self._describe, {"name": name})
         counts = yield Query(self._queue_count, {"name": name, "before": now - QUEUE_TTL})
         waiting = {space: int(count) for space, count in counts}
         permits = yield Query(self._permits, {"name": name})
-        by_kind: dict[str, list[tuple[float, int]]] = {}
-        for _, _, kind, remaining, fence in rows:
-            by_kind.setdefault(kind, []).append((float(remaining), int(fence)))
+        by_kind: dict[str, list[HolderState]] = {}
+        for kind, remaining, fence, owner, info, weight in rows:
+            holder = HolderState(str(owner), str(info or ""), float(remaining), int(fence), int(weight))
+            by_kind.setdefault(kind, []).append(holder)
         states = []
-        for kind, holds in sorted(by_kind.items()):
+        for kind, holders in sorted(by_kind.items()):
             waiters = waiting.get({"fair": "fair", "write": "rw", "read": "rw"}.get(kind, ""), 0)
             stored = int(permits[0][0]) if kind == "semaphore" and permits else None
-            remaining = max(ttl for ttl, _ in holds)
-            fence = max(fence for _, fence in holds)
-            states.append(KeyState(key, kind, len(holds), remaining, fence, waiters, stored))
+            remaining = max(holder.remaining or 0.0 for holder in holders)
+            fence = max(holder.fencing_token or 0 for holder in holders)
+            states.append(KeyState(key, kind, len(holders), remaining, fence, waiters, stored, tuple(holders)))
         return states
 
     def held_keys(self, prefix: str, pattern: str) -> Op[list[str]]:
@@ -458,4 +471,12 @@ class TableOps:
         if set_to is not None:
             yield Query(self._set_permits, {"name": name, "permits": set_to})
             stored = set_to
-        return stored, len(holders)
+        return stored, sum(int(weight) for *_, weight in holders)
+
+    def add_permits(self, name: str, delta: int) -> Op[tuple[int, int]]:
+        """The permits plus ``delta`` (never below 0; a semaphore never used starts from 0)
+        in one statement, and the permits in use."""
+        now = yield Begin((name,))
+        rows = yield Query(self._add_permits, {"name": name, "delta": delta})
+        holders = yield Query(self._shared, {"name": name, "space": "sem", "now": now})
+        return int(rows[0][0]), sum(int(weight) for *_, weight in holders)

@@ -10,7 +10,10 @@ The layout (one row per hold; ``docs/stores/sql.md`` shows it to users):
   (the mutex, a writer: so the primary key itself guarantees one holder) and the owner token
   for a shared one (a reader, a permit). ``expires_at`` is in the database's time (seconds
   since the epoch, never the client's clock), ``fence`` the hold's fencing token, ``info``
-  the holder's metadata (JSON), ``acquired_at`` database time.
+  the owner record the client sent with the acquisition (JSON: host, pid, thread or task,
+  function, template, acquired_at; ``NULL``: none), ``acquired_at`` database time,
+  ``weight`` the permits a semaphore hold takes (1 for every other hold). Tables made before
+  ``weight`` existed get it added when a store opens them (:data:`MIGRATIONS`).
 * SQLite: ``lockaspect_fences (name, fence)``, the per-key fencing counter, advanced by a
   trigger on every new hold and never lowered (a released key keeps its counter).
   PostgreSQL: the sequence ``lockaspect_fence``, shared with the advisory-lock store, so a
@@ -27,7 +30,7 @@ from __future__ import annotations
 import re
 from typing import Final
 
-__all__ = ["POSTGRES", "SQLITE", "TABLES", "Dialect"]
+__all__ = ["ADDED_COLUMNS", "POSTGRES", "SQLITE", "TABLES", "Dialect"]
 
 #: The tables the store uses (and ``create_schema`` makes).
 TABLES: Final = ("lockaspect_holds", "lockaspect_waiters", "lockaspect_semaphores")
@@ -36,7 +39,7 @@ _SQLITE_SCHEMA = """
 CREATE TABLE IF NOT EXISTS lockaspect_holds (
     name TEXT NOT NULL, space TEXT NOT NULL, slot TEXT NOT NULL, owner TEXT NOT NULL,
     kind TEXT NOT NULL, expires_at REAL NOT NULL, fence INTEGER NOT NULL, info TEXT,
-    acquired_at REAL NOT NULL, PRIMARY KEY (name, space, slot)
+    acquired_at REAL NOT NULL, weight INTEGER NOT NULL DEFAULT 1, PRIMARY KEY (name, space, slot)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS lockaspect_fences (name TEXT PRIMARY KEY, fence INTEGER NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS lockaspect_waiters (
@@ -58,7 +61,7 @@ _POSTGRES_SCHEMA = """
 CREATE TABLE IF NOT EXISTS lockaspect_holds (
     name TEXT NOT NULL, space TEXT NOT NULL, slot TEXT NOT NULL, owner TEXT NOT NULL,
     kind TEXT NOT NULL, expires_at DOUBLE PRECISION NOT NULL, fence BIGINT NOT NULL, info TEXT,
-    acquired_at DOUBLE PRECISION NOT NULL, PRIMARY KEY (name, space, slot)
+    acquired_at DOUBLE PRECISION NOT NULL, weight INTEGER NOT NULL DEFAULT 1, PRIMARY KEY (name, space, slot)
 );
 CREATE SEQUENCE IF NOT EXISTS lockaspect_fence AS BIGINT;
 CREATE TABLE IF NOT EXISTS lockaspect_waiters (
@@ -68,18 +71,25 @@ CREATE TABLE IF NOT EXISTS lockaspect_waiters (
 CREATE TABLE IF NOT EXISTS lockaspect_semaphores (name TEXT PRIMARY KEY, permits INTEGER NOT NULL);
 """
 
+#: Columns of ``lockaspect_holds`` added after its first release, ``(name, declaration)``: a
+#: store that opens a table made by an older version adds them (see ``options``).
+ADDED_COLUMNS: Final = (("weight", "INTEGER NOT NULL DEFAULT 1"),)
+
 _PARAM = re.compile(r"(?<!:):([a-z_][a-z_0-9]*)")
 
 #: Take (or keep) the exclusive hold of ``(name, space)`` for ``owner``: a fresh hold where
-#: there is none or the last one expired; the same hold (same fence) for its own owner, whose
-#: lease is extended. No row returned: another owner holds it. A taken-over row's fence is
-#: drawn when the row is written (``{fence_on_write}``): on PostgreSQL, a token drawn when the
-#: statement began could be older than one issued to a holder that came and went meanwhile.
+#: there is none or the last one expired; the same hold (same fence, same owner record) for
+#: its own owner, whose lease is extended. No row returned: another owner holds it. A
+#: taken-over row's fence is drawn when the row is written (``{fence_on_write}``): on
+#: PostgreSQL, a token drawn when the statement began could be older than one issued to a
+#: holder that came and went meanwhile.
 _CLAIM = """
 INSERT INTO lockaspect_holds (name, space, slot, owner, kind, expires_at, fence, info, acquired_at)
 VALUES (:name, :space, '', :owner, :kind, {now} + :lease, {next_fence}, :info, {now})
 ON CONFLICT (name, space, slot) DO UPDATE SET
-    owner = excluded.owner, kind = excluded.kind, expires_at = excluded.expires_at, info = excluded.info,
+    owner = excluded.owner, kind = excluded.kind, expires_at = excluded.expires_at,
+    info = CASE WHEN lockaspect_holds.owner = excluded.owner AND lockaspect_holds.expires_at > {now}
+        THEN lockaspect_holds.info ELSE excluded.info END,
     fence = CASE WHEN lockaspect_holds.owner = excluded.owner AND lockaspect_holds.expires_at > {now}
         THEN lockaspect_holds.fence ELSE {fence_on_write} END,
     acquired_at = CASE WHEN lockaspect_holds.owner = excluded.owner AND lockaspect_holds.expires_at > {now}
@@ -88,12 +98,15 @@ WHERE lockaspect_holds.expires_at <= {now} OR lockaspect_holds.owner = excluded.
 RETURNING fence
 """
 
-#: A shared hold (a reader, a permit): a new row with a fresh fence (its slot is the owner).
+#: A shared hold (a reader, a semaphore's holder of ``weight`` permits): a new row with a
+#: fresh fence (its slot is the owner; callers first drop expired rows and answer a live one
+#: of the owner themselves, so a conflict is a row about to be replaced).
 _SHARE = """
-INSERT INTO lockaspect_holds (name, space, slot, owner, kind, expires_at, fence, info, acquired_at)
-VALUES (:name, :space, :owner, :owner, :kind, {now} + :lease, {next_fence}, :info, {now})
+INSERT INTO lockaspect_holds (name, space, slot, owner, kind, expires_at, fence, info, acquired_at, weight)
+VALUES (:name, :space, :owner, :owner, :kind, {now} + :lease, {next_fence}, :info, {now}, :weight)
 ON CONFLICT (name, space, slot) DO UPDATE SET
-    expires_at = excluded.expires_at, fence = excluded.fence, info = excluded.info, acquired_at = excluded.acquired_at
+    expires_at = excluded.expires_at, fence = excluded.fence, info = excluded.info,
+    acquired_at = excluded.acquired_at, weight = excluded.weight
 RETURNING fence
 """
 
@@ -111,7 +124,7 @@ WHERE name = :name AND space = :space AND slot = :slot AND owner = :owner AND ex
 #: deleted row would let it insert the token it drew before. The sweep deletes such rows a
 #: minute after they ended.
 _END = """
-UPDATE lockaspect_holds SET owner = '', expires_at = 0
+UPDATE lockaspect_holds SET owner = '', expires_at = 0, info = NULL
 WHERE name = :name AND space = :space AND slot = :slot AND owner = :owner AND expires_at > {now}
 """
 

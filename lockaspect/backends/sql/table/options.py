@@ -18,8 +18,9 @@ from .._keys import advisory_key
 from .._pgurl import split_query, unknown_to_libpq
 from ._driver import AsyncDriver, Backend, Pool, SyncDriver, socket_alive
 from ._notify import hub_for
-from ._sql import POSTGRES, SQLITE, TABLES
-from .store import AsyncBridgeStore, AsyncTableStore, TableStore
+from ._sql import ADDED_COLUMNS, POSTGRES, SQLITE, TABLES
+from .aio import AsyncBridgeStore, AsyncTableStore
+from .store import TableStore
 
 __all__ = ["open_sqlite_store", "open_table_store", "schema_sql"]
 
@@ -221,7 +222,12 @@ def _prepare_once(connect: Any, create: bool, url: str, path: str) -> None:
         for table in (*TABLES, "lockaspect_fences"):
             conn.execute(f"SELECT 1 FROM {table} LIMIT 0")
         conn.execute("BEGIN IMMEDIATE")
-        conn.execute("ROLLBACK")
+        try:
+            _migrate_sqlite(conn)
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
     except sqlite3.OperationalError as exc:
         if _locked(exc):
             raise  # retried by the caller
@@ -230,6 +236,16 @@ def _prepare_once(connect: Any, create: bool, url: str, path: str) -> None:
         raise _prepare_error(exc, url, path) from exc
     finally:
         conn.close()
+
+
+def _migrate_sqlite(conn: sqlite3.Connection) -> None:
+    """Add the columns a table made by an older lockaspect lacks (inside ``BEGIN IMMEDIATE``,
+    so that processes opening it together add each column once). SQLite has no ``ADD COLUMN
+    IF NOT EXISTS``: the table's columns are read first."""
+    have = {str(row[1]) for row in conn.execute("PRAGMA table_info(lockaspect_holds)")}
+    for column, declaration in ADDED_COLUMNS:
+        if column not in have:
+            conn.execute(f"ALTER TABLE lockaspect_holds ADD COLUMN {column} {declaration}")
 
 
 def _read_only(exc: sqlite3.Error) -> bool:
@@ -367,8 +383,49 @@ def _prepare_postgres(conn: Any, create: bool, label: str) -> None:
         conn.execute("SELECT 1 FROM pg_sequences WHERE sequencename = 'lockaspect_fence'").fetchone() or _missing(
             label, "the sequence lockaspect_fence"
         )
+        _migrate_postgres(conn, label)
+    except psycopg.errors.LockNotAvailable as exc:
+        raise BackendError(
+            f"{label}: adding a column to lockaspect_holds (an upgrade of the lease table) waited "
+            f"{_MIGRATE_WAIT} for the table's lock: another transaction keeps it in use; retry",
+            transient=True,
+        ) from exc
     except psycopg.Error as exc:
         raise ConfigurationError(f"{label}: cannot prepare the lease table: {exc}") from exc
+
+
+#: How long adding a column waits for the table's lock (every lock operation queues behind
+#: an ALTER TABLE that waits: keep it short).
+_MIGRATE_WAIT = "5s"
+_COLUMNS = (
+    "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass('lockaspect_holds') AND attnum > 0 "
+    "AND NOT attisdropped"
+)
+
+
+def _migrate_postgres(conn: Any, label: str) -> None:
+    """Add the columns a table made by an older lockaspect lacks. The catalog is read first:
+    an ALTER TABLE, even one that adds nothing, takes the table's exclusive lock."""
+    import psycopg
+
+    have = {row[0] for row in conn.execute(_COLUMNS).fetchall()}
+    missing = [(column, declaration) for column, declaration in ADDED_COLUMNS if column not in have]
+    if not missing:
+        return
+    statements = [f"ALTER TABLE lockaspect_holds ADD COLUMN IF NOT EXISTS {c} {d}" for c, d in missing]
+    try:
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+            conn.execute(f"SET LOCAL lock_timeout = '{_MIGRATE_WAIT}'")
+            for statement in statements:
+                conn.execute(statement)
+    except psycopg.errors.LockNotAvailable:
+        raise
+    except psycopg.Error as exc:
+        raise ConfigurationError(
+            f"{label}: lockaspect_holds was made by an earlier lockaspect and needs a new column, which this role "
+            f"cannot add ({exc}); run once as the table's owner: {'; '.join(statements)}"
+        ) from exc
 
 
 def _missing(label: str, what: str, cause: BaseException | None = None) -> Any:

@@ -1,22 +1,17 @@
-""":class:`TableStore` (threads) and its asyncio twins: the lease table's protocol side
-(checks, namespacing, same-process wake-ups, undoing a failed acquire) around the operations
-of :mod:`._ops`, run by the drivers of :mod:`._driver`. The factories in :mod:`.options` open
-them from ``sqlite://`` and ``postgresql+table://`` URLs."""
+""":class:`TableStore` (threads): the lease table's protocol side (checks, namespacing,
+same-process wake-ups, undoing a failed acquire) around the operations of :mod:`._ops`, run by
+the drivers of :mod:`._driver`; its asyncio twins are in :mod:`.aio`. The factories in
+:mod:`.options` open them from ``sqlite://`` and ``postgresql+table://`` URLs."""
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
-import json
-import os
-import socket
-import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import TypeVar
 
-from ....errors import BackendError, ConfigurationError
+from ....errors import ConfigurationError
 from ...base import (
     KINDS,
     AcquireRequest,
@@ -30,36 +25,17 @@ from ...base import (
     checked_request,
     new_waiter_id,
 )
-from ._driver import AsyncDriver, SyncDriver
-from ._notify import AsyncTableNotifier, Hub, TableNotifier
+from ._driver import SyncDriver
+from ._notify import Hub, TableNotifier
 from ._ops import Begin, Op, Query, TableOps
 
-__all__ = ["AsyncBridgeStore", "AsyncTableStore", "TableStore", "owner_info"]
+__all__ = ["TableStore"]
 
 _T = TypeVar("_T")
 
 #: How often (at most) a store deletes rows of holds that expired long ago, and how long ago.
 SWEEP_EVERY = 60.0
 SWEEP_GRACE = 60.0
-
-_HOST = socket.gethostname()
-_info: dict[tuple[int, str], str] = {}
-
-
-def owner_info() -> str:
-    """The holder's metadata stored with each hold (JSON: host, pid, thread or task name)."""
-    try:
-        task = asyncio.current_task()
-    except RuntimeError:
-        task = None
-    name = task.get_name() if task is not None else threading.current_thread().name
-    pid = os.getpid()
-    found = _info.get((pid, name))
-    if found is None:
-        if len(_info) > 4096:  # task names are often unique: keep the cache bounded
-            _info.clear()
-        found = _info[(pid, name)] = json.dumps({"host": _HOST, "pid": pid, "thread": name}, separators=(",", ":"))
-    return found
 
 
 class _TableBase:
@@ -94,8 +70,21 @@ class _TableBase:
         if kind not in KINDS:
             raise ConfigurationError(f"the lease table serves {', '.join(sorted(KINDS))}, not {kind!r}", key=key)
 
-    def _info(self) -> str | None:
-        return owner_info() if self._with_info else None
+    def _info(self, request: AcquireRequest) -> str | None:
+        """What the hold's ``info`` column keeps: the request's owner record (``NULL``: none,
+        or the store opened with ``owner_info=false``)."""
+        return request.owner or None if self._with_info else None
+
+    @staticmethod
+    def _checked_permits(key: str, set_to: int | None) -> None:
+        if set_to is not None and (isinstance(set_to, bool) or not isinstance(set_to, int) or set_to < 0):
+            raise ConfigurationError(f"permits must be an int >= 0, got {set_to!r}", key=key)
+
+    @staticmethod
+    def _checked_delta(key: str, delta: object) -> int:
+        if isinstance(delta, bool) or not isinstance(delta, int):
+            raise ConfigurationError(f"the permits to add must be an int, got {delta!r}", key=key)
+        return delta
 
     def _answer(self, result: AcquireResult) -> AcquireResult:
         if result.busy is not None:
@@ -158,15 +147,12 @@ class TableStore(_TableBase):
     # -- Store ----------------------------------------------------------------------------
 
     def acquire(self, request: AcquireRequest) -> AcquireResult:
-        """Try once to take ``request.keys`` (see :meth:`Store.acquire`). An attempt that
-        fails midway (an error, an interrupt) deletes whatever it may have taken."""
-        return self.acquire_with(request, self._info())
-
-    def acquire_with(self, request: AcquireRequest, info: str | None) -> AcquireResult:
-        """:meth:`acquire` with the holder's metadata ``info`` (read by the caller: an asyncio
-        twin reads the task's name on its loop)."""
+        """Try once to take ``request.keys`` (see :meth:`Store.acquire`), keeping its owner
+        record with the hold (in the same statement). An attempt that fails midway (an error,
+        an interrupt) deletes whatever it may have taken."""
         checked = self._check(request)
         key = request.keys[0]
+        info = self._info(checked)
         try:
             if checked.kind == "lock" and len(checked.keys) == 1:  # the hot path: one statement
                 ops, rows = self._ops, self._driver.rows
@@ -279,7 +265,11 @@ class TableStore(_TableBase):
 
     def held_keys(self, pattern: str = "*") -> Iterator[str]:
         """The keys of this namespace held now whose name matches the glob ``pattern``."""
-        return iter(self._run(self._ops.held_keys(self.namespace, pattern), None, "list held keys"))
+        return iter(self.held_list(pattern))
+
+    def held_list(self, pattern: str = "*") -> list[str]:
+        """:meth:`held_keys` as a list (one query)."""
+        return self._run(self._ops.held_keys(self.namespace, pattern), None, "list held keys")
 
     def force_release(self, key: str) -> bool:
         """Delete every hold of ``key`` whoever holds it (fencing counters are kept; the
@@ -290,178 +280,21 @@ class TableStore(_TableBase):
         return held
 
     def permits(self, key: str, set_to: int | None = None) -> tuple[int | None, int]:
-        """``(permits, in use)`` of semaphore ``key``, after setting its permits to ``set_to``."""
-        if set_to is not None and (isinstance(set_to, bool) or not isinstance(set_to, int) or set_to < 0):
-            raise ConfigurationError(f"permits must be an int >= 0, got {set_to!r}", key=key)
+        """``(permits, in use)`` of semaphore ``key`` (in use: the sum of its holders'
+        weights), after setting its permits to ``set_to``."""
+        self._checked_permits(key, set_to)
         answer = self._run(self._ops.permits(self.namespace + key, set_to), key, "permits")
         if set_to is not None:
             self._hub.wake(self.namespace + key)
         return answer
 
-
-def _busy_file(exc: BackendError) -> bool:
-    """``exc`` says SQLite's file was locked by another writer (a retry on a thread may wait)."""
-    cause = exc.__cause__
-    return exc.transient and isinstance(cause, sqlite3.OperationalError) and "locked" in str(cause).lower()
-
-
-class AsyncBridgeStore(_TableBase):
-    """The asyncio twin of a SQLite :class:`TableStore`.
-
-    An operation first runs inline on the event loop, on a connection of the twin's own that
-    never waits for SQLite's write lock (``busy_timeout=0``): a statement on an uncontended
-    file takes tens of microseconds, less than a hop to a thread. When another writer holds
-    the file, the operation runs again on the store's bridge threads (where sqlite3 may block
-    for ``busy_timeout``), awaited. An acquire whose awaiting task is cancelled while it runs
-    on a thread gives back whatever it took once it finished.
-    """
-
-    def __init__(self, store: TableStore, inline: TableStore) -> None:
-        super().__init__(store._ops, store._hub, store.namespace, store.label, store._with_info)
-        self._store = store
-        self._inline = inline
-        self._notifier: AsyncTableNotifier | None = None
-        self._closed = False
-
-    async def _call(self, name: str, *args: Any) -> Any:
-        try:
-            return getattr(self._inline, name)(*args)
-        except BackendError as exc:
-            if not _busy_file(exc):
-                raise
-        return await asyncio.wrap_future(self._store.bridge().submit(getattr(self._store, name), *args))
-
-    async def acquire(self, request: AcquireRequest) -> AcquireResult:
-        self._check(request)  # refused before anything is sent
-        info = self._info()  # the task's name, read on the loop
-        try:
-            return self._inline.acquire_with(request, info)
-        except BackendError as exc:
-            if not _busy_file(exc):
-                raise
-        future = self._store.bridge().submit(self._store.acquire_with, request, info)
-        try:
-            return await asyncio.wrap_future(future)
-        except asyncio.CancelledError:
-            future.add_done_callback(lambda done: self._give_back(done, request))
-            raise
-
-    def _give_back(self, done: concurrent.futures.Future[AcquireResult], request: AcquireRequest) -> None:
-        """After an acquire whose task was cancelled: give back what it took, and its queue
-        place (its waiter left; the engine's own unqueue may have run before the attempt
-        queued). An attempt that failed undid itself; one never started did nothing."""
-        if done.cancelled() or done.exception() is not None:
-            return
-        if done.result().acquired or (request.waiter is not None and request.kind in ("fair", "write")):
-            self._store._undo_quietly(self._check(request), leave=True)
-
-    async def release(self, key: str, token: str, kind: str = "lock") -> ReleaseResult:
-        result: ReleaseResult = await self._call("release", key, token, kind)
-        return result
-
-    async def reenter(self, key: str, token: str, kind: str = "lock") -> bool:
-        return bool(await self._call("reenter", key, token, kind))
-
-    async def renew(self, leases: Sequence[RenewItem]) -> Sequence[RenewStatus]:
-        result: Sequence[RenewStatus] = await self._call("renew", leases)
-        return result
-
-    async def unqueue(self, key: str, waiter: str, kind: str = "lock") -> None:
-        if kind in ("fair", "write"):
-            await self._call("unqueue", key, waiter, kind)
-
-    def notifier(self) -> AsyncTableNotifier | None:
-        if self._closed:
-            return None
-        if self._notifier is None:
-            self._notifier = AsyncTableNotifier(self._hub, self.namespace)
-        return self._notifier
-
-    async def aclose(self) -> None:
-        """Wake this twin's waiters and close its inline connection (the threads and their
-        connections belong to the sync store)."""
-        self._closed = True
-        notifier, self._notifier = self._notifier, None
-        if notifier is not None:
-            notifier.close()
-        self._inline.close()
-
-
-class AsyncTableStore(_TableBase):
-    """The asyncio twin of a PostgreSQL :class:`TableStore`: psycopg's ``AsyncConnection``
-    on the running loop, the same operations. An acquire cancelled while its statement was in
-    flight closes that connection and deletes whatever the attempt may have taken."""
-
-    def __init__(self, driver: AsyncDriver, hub: Hub, namespace: str, info: bool) -> None:
-        super().__init__(TableOps(driver.dialect), hub, namespace, driver.backend.label, info)
-        self._driver = driver
-        self._notifier: AsyncTableNotifier | None = None
-        self._closed = False
-        self._undoing: set[asyncio.Task[None]] = set()
-
-    async def acquire(self, request: AcquireRequest) -> AcquireResult:
-        checked = self._check(request)
-        key = request.keys[0]
-        try:
-            if checked.kind == "lock" and len(checked.keys) == 1:  # the hot path: one statement
-                ops, rows = self._ops, self._driver.rows
-                name = checked.keys[0]
-                if checked.waiter is not None:  # a waiter polls with a read: no write lock while held
-                    held = ops.still_held(await rows(ops.holder_of(name), key, "acquire"), checked.token)
-                    if held is not None:
-                        return held
-                claim = ops.claim(name, checked.token, checked.lease, self._info())
-                claimed = ops.claimed(await rows(claim, key, "acquire"))
-                return claimed or ops.busy(await rows(ops.holder_of(name), key, "acquire"))
-            result = await self._driver.run(self._ops.acquire(checked, self._info()), key, "acquire")
-        except BaseException as exc:
-            leave = not isinstance(exc, Exception)
-            task = asyncio.get_running_loop().create_task(self._undo_quietly(checked, leave))
-            self._undoing.add(task)
-            task.add_done_callback(self._undoing.discard)
-            raise
-        return self._answer(result)
-
-    async def _undo_quietly(self, checked: AcquireRequest, leave: bool) -> None:
-        try:
-            await self._driver.run(self._undo(checked, leave), checked.keys[0], "undo")
-        except Exception:  # noqa: BLE001 - best effort: the lease ends by itself
-            pass
-
-    async def release(self, key: str, token: str, kind: str = "lock") -> ReleaseResult:
-        self._check_kind(kind, key)
-        name = self.namespace + key
-        released = self._ops.released(await self._driver.count(self._ops.release(name, token, kind), key, "release"))
-        if released is ReleaseResult.RELEASED:
-            self._hub.wake(name)
-        return released
-
-    async def reenter(self, key: str, token: str, kind: str = "lock") -> bool:
-        self._check_kind(kind, key)
-        return bool(await self._driver.rows(self._ops.reenter(self.namespace + key, token, kind), key, "re-enter"))
-
-    async def renew(self, leases: Sequence[RenewItem]) -> Sequence[RenewStatus]:
-        if not leases:
-            return []
-        return await self._driver.run(self._ops.renew(self._renew_items(leases)), leases[0].key, "renew")
-
-    async def unqueue(self, key: str, waiter: str, kind: str = "lock") -> None:
-        self._check_kind(kind, key)
-        if kind in ("fair", "write"):
-            await self._driver.run(self._ops.unqueue(self.namespace + key, waiter, kind), key, "unqueue")
-
-    def notifier(self) -> AsyncTableNotifier | None:
-        if self._closed:
-            return None
-        if self._notifier is None:
-            self._notifier = AsyncTableNotifier(self._hub, self.namespace)
-        return self._notifier
-
-    async def aclose(self) -> None:
-        self._closed = True
-        notifier, self._notifier = self._notifier, None
-        if notifier is not None:
-            notifier.close()
-        if self._undoing:
-            await asyncio.gather(*self._undoing, return_exceptions=True)
-        await self._driver.aclose()
+    def add_permits(self, key: str, delta: int) -> tuple[int, int]:
+        """Add ``delta`` (negative: take away) to semaphore ``key``'s permits in one
+        statement, never below 0 (a semaphore never used starts from 0): ``(permits, in
+        use)`` after. Raising them wakes this process's waiters; lowering them takes no
+        permit away from holders."""
+        delta = self._checked_delta(key, delta)
+        answer = self._run(self._ops.add_permits(self.namespace + key, delta), key, "add permits")
+        if delta > 0:
+            self._hub.wake(self.namespace + key)
+        return answer
