@@ -219,9 +219,9 @@ class Session(SessionState):
         if op == "delete":
             return client.delete_async(path)
         if op == "get":
-            return client.get_async(path)
+            return client.get_async(path, watch=call.watch)
         if op == "set":
-            return client.set_async(path, call.data)
+            return client.set_async(path, call.data, call.version)
         if op == "persistent":
             return client.create_async(path, call.data)
         assert op == "container"

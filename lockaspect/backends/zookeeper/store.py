@@ -22,7 +22,7 @@ from ..base import (
     new_waiter_id,
 )
 from . import _ops
-from ._admin import AdminMixin
+from ._admin import AdminMixin, AsyncAdminMixin
 from ._layout import root_path
 from ._notify import AsyncZooKeeperNotifier, ZooKeeperNotifier
 from ._options import Settings
@@ -90,7 +90,8 @@ class _Base:
 
 class ZooKeeperStore(_Base, AdminMixin):
     """ZooKeeper locks for threads (a :class:`~lockaspect.backends.base.Store`,
-    :class:`~lockaspect.backends.base.AdminStore` and
+    :class:`~lockaspect.backends.base.AdminStore`,
+    :class:`~lockaspect.backends.base.AddsPermits` and
     :class:`~lockaspect.backends.base.ReportsLosses`); open it with
     :func:`~lockaspect.backends.zookeeper.open_zookeeper_store` or
     ``LockClient.from_url("zookeeper://host:2181/chroot")``.
@@ -173,8 +174,9 @@ class ZooKeeperStore(_Base, AdminMixin):
         self._session.close()
 
 
-class AsyncZooKeeperStore(_Base):
-    """The asyncio twin: the same session (one ZooKeeper session per client), awaited."""
+class AsyncZooKeeperStore(_Base, AsyncAdminMixin):
+    """The asyncio twin: the same session (one ZooKeeper session per client), awaited (an
+    :class:`~lockaspect.backends.base.AsyncAdminStore` with ``add_permits`` too)."""
 
     def __init__(self, session: Session, namespace: str) -> None:
         super().__init__(session, namespace)
