@@ -35,7 +35,7 @@ from lockaspect.backends.base import (
     ReleaseResult,
     RenewItem,
 )
-from lockaspect.backends.zookeeper import ZooKeeperStore, open_zookeeper_store
+from lockaspect.backends.zookeeper import ZooKeeperStore, _admin, open_zookeeper_store
 from lockaspect.backends.zookeeper._record import encode, read
 from lockaspect.owner import owner_record, parse_owner
 from lockaspect.testing import ZooKeeperServer
@@ -452,7 +452,7 @@ def test_force_release_deletes_every_holder_and_waiter(
 ) -> None:
     """Holders (two for read and semaphore, in two sessions), then a waiter: describe names the
     holders; force_release deletes every node of the key, wakes the waiter, and the holders'
-    release and renewal say not-owner; the next hold's fencing token is larger."""
+    re-entry, renewal and release say not-owner; the next hold's fencing token is larger."""
     operator = new_store_like(store, stores)
     shared = kind in ("read", "semaphore")
     holds = [(store, token()), (operator, token())] if shared else [(store, token())]
@@ -471,8 +471,8 @@ def test_force_release_deletes_every_holder_and_waiter(
     assert operator.describe("k") == []
     assert subscription.wait(BOUND)
     for by, tok in holds:
-        item = RenewItem("k", tok, LEASE, kind)
-        until(lambda by=by, item=item: by.renew([item]) == [False], "the holder to learn it lost its hold")
+        assert not by.reenter("k", tok, kind)  # a round trip: no need to wait for the watch
+        assert by.renew([RenewItem("k", tok, LEASE, kind)]) == [False]
         assert by.release("k", tok, kind) is ReleaseResult.NOT_OWNER
     assert not operator.force_release("k")
     retried = operator.acquire(waiting)
@@ -480,6 +480,35 @@ def test_force_release_deletes_every_holder_and_waiter(
         retried = operator.acquire(waiting)
     assert retried.acquired
     assert retried.fencing_token > max(fences)
+
+
+def test_force_release_deletes_in_one_transaction_and_looks_again_if_the_queue_changed(
+    store: ZooKeeperStore, stores: list[Any], raw: Any, namespace: str
+) -> None:
+    """The plan driven by hand on the store's session: a waiter leaves between the look and
+    the deletes, so the transaction deletes nothing (the holder is still there, no waiter
+    held for a moment); the plan looks again and deletes what is there now."""
+    holder = token()
+    assert store.acquire(req("lock", "k", holder)).acquired
+    other = new_store_like(store, stores)
+    assert not other.acquire(req("lock", "k", token(), waiter=other.waiter_id(True))).acquired
+    first, leaving = contenders(raw, namespace, "k")
+    session: Any = store._session
+    plan = _admin.force_release(session, namespace, "k")
+    calls = plan.send(None)  # the look
+    calls = plan.send(session.run(calls))  # the transaction
+    assert [call.op for call in calls] == ["deletes"]
+    raw.delete(f"{parent_of(namespace, 'k')}/{leaving}")  # the waiter gives up meanwhile
+    results = session.run(calls)
+    assert any(isinstance(result, Exception) for result in results[0])
+    assert contenders(raw, namespace, "k") == [first]  # nothing deleted
+    calls = plan.send(results)  # looks again
+    calls = plan.send(session.run(calls))
+    with pytest.raises(StopIteration) as done:
+        plan.send(session.run(calls))
+    assert done.value.value is True
+    assert contenders(raw, namespace, "k") == []
+    assert not store.reenter("k", holder)
 
 
 # -- the asyncio twin ---------------------------------------------------------------------------

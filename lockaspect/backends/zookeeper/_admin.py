@@ -31,7 +31,7 @@ log = logging.getLogger("lockaspect.zookeeper")
 _KIND = {"lock": "lock", "sem": "semaphore"}
 #: Requests per round trip when reading many nodes (held keys' queues, holders' data).
 CHUNK = 256
-#: Tries of a permits change that lost a race with another (a versioned write refused).
+#: Tries of a permits change or a force release that lost a race with another change.
 PERMIT_TRIES = 64
 
 
@@ -97,28 +97,34 @@ def describe(session: Session, namespace: str, key: str) -> Plan:
 
 
 def force_release(session: Session, namespace: str, key: str) -> Plan:
-    """Delete every contender node at ``key`` if anyone holds it: the holders' (a holder of
-    this session loses its hold at once, others from the watch on their node: ``not-owner``)
-    and the waiters' (each is woken by its watch, finds its place gone and queues again, so
-    a waiter that cannot act, a frozen process, does not become the next stuck holder).
-    Fencing tokens stay increasing: they are creation zxids. Whether anything was held."""
+    """Delete every contender node at ``key`` if anyone holds it, in one transaction: the
+    holders' (a holder of this session loses its hold at once, others from the watch on
+    their node or their next re-entry: ``not-owner``) and the waiters' (each is woken by its
+    watch, finds its place gone and queues again, so a waiter that cannot act, a frozen
+    process, does not become the next stuck holder; and none holds for a moment between two
+    deletes). Fencing tokens stay increasing: they are creation zxids. Whether anything was
+    held."""
     parent = parent_of(session, namespace + key)
-    children, data = yield [Call("children", parent), Call("get", parent)]
-    families = _families(children)
-    held = [c for _, group in _held(families, admin_permits(data)) for c in group]
-    if not held:
-        return False
-    everyone = [c for queue in families.values() for c in queue]
-    with session.lock:
-        paths = session.book.paths
-        mine = [paths[f"{parent}/{c.name}"] for c in held if f"{parent}/{c.name}" in paths]
-    session.lose_nodes([node for node in mine if node.token], "not-owner")
-    for start in range(0, len(everyone), CHUNK):
-        yield [Call("delete", f"{parent}/{c.name}") for c in everyone[start : start + CHUNK]]
-    log.warning(
-        "force-released %r: deleted %d holder node(s) and %d waiter node(s)", key, len(held), len(everyone) - len(held)
-    )
-    return True
+    for _ in range(PERMIT_TRIES):
+        children, data = yield [Call("children", parent), Call("get", parent)]
+        families = _families(children)
+        held = [c for _, group in _held(families, admin_permits(data)) for c in group]
+        if not held:
+            return False
+        everyone = [f"{parent}/{c.name}" for queue in families.values() for c in queue]
+        with session.lock:
+            paths = session.book.paths
+            mine = [paths[f"{parent}/{c.name}"] for c in held if f"{parent}/{c.name}" in paths]
+        (results,) = yield [Call("deletes", parent, paths=tuple(everyone))]
+        if isinstance(results, list) and not any(isinstance(result, Exception) for result in results):
+            session.lose_nodes([node for node in mine if node.token], "not-owner")
+            log.warning(
+                "force-released %r: deleted %d holder node(s) and %d waiter node(s)",
+                key, len(held), len(everyone) - len(held),
+            )  # fmt: skip
+            return True
+        # A contender left meanwhile (the transaction deleted nothing): look again.
+    raise BackendError(f"ZooKeeper {session.settings.shown}: the contenders keep changing", key=key, transient=True)
 
 
 def _store_permits(parent: str, data: Any, permits: int, version: int = -1) -> Call:

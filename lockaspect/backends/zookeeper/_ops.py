@@ -21,7 +21,7 @@ from ._layout import Contender, contender_prefix, decide, encode_key, family_of,
 from ._record import encode
 from ._session import Node, NodeExistsError, NoNodeError, Session
 
-__all__ = ["Plan", "acquire", "admin_permits", "node_data", "parent_of", "release", "unqueue"]
+__all__ = ["Plan", "acquire", "admin_permits", "node_data", "parent_of", "reenter", "release", "unqueue"]
 
 Plan = Generator[list[Call], list[Any], Any]
 
@@ -29,12 +29,12 @@ Plan = Generator[list[Call], list[Any], Any]
 RELISTS = 8
 
 
-def node_data(session: Session, request: AcquireRequest, token: str | None = None) -> bytes:
+def node_data(session: Session, request: AcquireRequest) -> bytes:
     """The data a contender node of ``request`` carries: its token, kind, lease and owner
     record (see :mod:`._record`); ``b""`` with the URL's ``owner_info=false``."""
     if not session.settings.owner_info:
         return b""
-    return encode(request.token if token is None else token, request.kind, request.lease, request.owner)
+    return encode(request.token, request.kind, request.lease, request.owner)
 
 
 def admin_permits(parent_data: Any) -> int | None:
@@ -167,7 +167,6 @@ def _acquire(session: Session, request: AcquireRequest, waiter: str | None) -> P
     ignore = below.name if below is not None else ""
     infix = infix_of(kind, request.permits, request.weight)
     parent = parent_of(session, key)
-    data = node_data(session, request)
     if node is not None and (node.epoch != session.epoch or node.infix != infix):
         _drop(session, node)
         node = None
@@ -175,6 +174,7 @@ def _acquire(session: Session, request: AcquireRequest, waiter: str | None) -> P
         # Our watch is set and has not fired: nothing ahead of us left; still busy.
         return AcquireResult(False, holder_ttl=request.lease)
     waited = node is not None
+    data = node_data(session, request)
     if node is None:
         node, children, pdata = yield from _create(session, key, infix, data, sem, token)
         if waiter:
@@ -337,6 +337,38 @@ def release(session: Session, key: str, token: str) -> Plan:
     if isinstance(answer, NoNodeError):
         return ReleaseResult.NOT_OWNER
     return ReleaseResult.RELEASED
+
+
+def reenter(session: Session, key: str, token: str) -> Plan:
+    """Whether ``token`` still holds ``key``: the node is looked at (one round trip; its
+    deletion by an operator may not have reached the session's watch yet), and the watch set
+    with it if the hold has none yet. While the connection is down or being re-read, and if
+    the look fails, the session's own state answers (see the lease estimate)."""
+    with session.lock:
+        node = session.book.holds.get((key, token))
+        if node is None or node.epoch != session.epoch:
+            return False
+        if not (session.connected and session.verified):
+            return True
+        watch = None
+        if not node.watched:
+            node.watched = True
+            watch = session.held_watch(node)
+    try:
+        (stat,) = yield [Call("exists", node.path, watch=watch)]
+    except BackendError:
+        if watch is not None:
+            node.watched = False
+        return _booked(session, node)
+    if stat is None:
+        session.lose_nodes([node], "not-owner")
+        return False
+    return _booked(session, node)
+
+
+def _booked(session: Session, node: Node) -> bool:
+    with session.lock:
+        return session.book.holds.get((node.key, node.token)) is node and node.epoch == session.epoch
 
 
 def unqueue(session: Session, key: str, waiter: str) -> None:

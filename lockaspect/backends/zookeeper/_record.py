@@ -45,7 +45,7 @@ def _string(text: str) -> str:
 
 def encode(token: str, kind: str, lease: float, owner: str) -> bytes:
     """The data of a contender node for ``token`` (see the module docstring)."""
-    head = f'{{"token":{_string(token)},"kind":"{kind}","lease":{json.dumps(lease)}'
+    head = f'{{"token":{_string(token)},"kind":"{kind}","lease":{float(lease)!r}'
     if not owner:
         return (head + "}").encode()
     if owner.startswith('{"') and owner.endswith("}") and not owner.startswith("{" + _STRING_OWNER):

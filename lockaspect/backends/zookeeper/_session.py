@@ -224,6 +224,11 @@ class Session(SessionState):
             return client.set_async(path, call.data, call.version)
         if op == "persistent":
             return client.create_async(path, call.data)
+        if op == "deletes":
+            transaction = client.transaction()
+            for each in call.paths:
+                transaction.delete(self.settings.chroot + each)
+            return transaction.commit_async()
         assert op == "container"
         result = client.handler.async_result()
         client._call(container_request(path, call.data), result)

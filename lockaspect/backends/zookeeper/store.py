@@ -78,12 +78,6 @@ class _Base:
                 out.append(True if trusted else None)
         return out
 
-    def _reenter(self, key: str, token: str) -> bool:
-        session = self._session
-        with session.lock:
-            node = session.book.holds.get((self.namespace + key, token))
-            return node is not None and node.epoch == session.epoch
-
     def _unqueue(self, key: str, waiter: str) -> None:
         _ops.unqueue(self._session, self.namespace + key, waiter)
 
@@ -133,7 +127,9 @@ class ZooKeeperStore(_Base, AdminMixin):
         return code
 
     def reenter(self, key: str, token: str, kind: str = "lock") -> bool:
-        return self._reenter(key, token)
+        """Whether ``token`` still holds ``key`` (one round trip: see ``_ops.reenter``)."""
+        held: bool = self._drive(_ops.reenter(self._session, self.namespace + key, token), key)
+        return held
 
     def unqueue(self, key: str, waiter: str, kind: str = "lock") -> None:
         self._unqueue(key, waiter)
@@ -208,7 +204,8 @@ class AsyncZooKeeperStore(_Base, AsyncAdminMixin):
         return code
 
     async def reenter(self, key: str, token: str, kind: str = "lock") -> bool:
-        return self._reenter(key, token)
+        held: bool = await self._drive(_ops.reenter(self._session, self.namespace + key, token), key)
+        return held
 
     async def renew(self, leases: Sequence[RenewItem]) -> list[RenewStatus]:  # type: ignore[override]
         return _Base.renew(self, leases)
