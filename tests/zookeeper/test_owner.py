@@ -36,6 +36,7 @@ from lockaspect.backends.base import (
     RenewItem,
 )
 from lockaspect.backends.zookeeper import ZooKeeperStore, _admin, open_zookeeper_store
+from lockaspect.backends.zookeeper._layout import decide, holders, infix_of, ordered
 from lockaspect.backends.zookeeper._record import encode, read
 from lockaspect.owner import owner_record, parse_owner
 from lockaspect.testing import ZooKeeperServer
@@ -244,6 +245,23 @@ def test_node_data_keeps_the_previous_fields_and_reads_back_exactly() -> None:
 
 
 # -- weights ----------------------------------------------------------------------------------
+
+
+def test_weighted_names_and_who_holds() -> None:
+    """A hold of k permits is one node ``sem.<N>w<k>``; one permit keeps the previous name.
+    The holders are the queue's prefix whose weights fit."""
+    assert (infix_of("semaphore", 4), infix_of("semaphore", 4, 3)) == ("sem.4", "sem.4w3")
+    names = [f"_c_{i:032x}-{infix}-{i:010d}" for i, infix in enumerate(["sem.4w3", "sem.4", "sem.4w2", "sem.4"])]
+    queue = ordered(names)
+    assert [(c.permits, c.weight) for c in queue] == [(4, 3), (4, 1), (4, 2), (4, 1)]
+    assert [c.name for c in holders(queue)] == names[:2]
+    assert [c.name for c in holders(queue, permits=6)] == names[:3]
+    third = decide(queue, names[2])
+    assert third is not None
+    assert (third.holds, third.watch) == (False, "")  # the first waiter: watches the queue
+    fourth = decide(queue, names[3])
+    assert fourth is not None
+    assert (fourth.holds, fourth.watch) == (False, names[2])
 
 
 def test_a_weighted_hold_takes_all_its_permits_or_none(store: ZooKeeperStore) -> None:
