@@ -10,10 +10,17 @@ of the client lives in it.
 **How a lock is taken.** Each key is a container node under the namespace's node
 (``/lockaspect/<key>``); a contender creates an ephemeral sequential node under it
 (``_c_<uuid>-lock-<seq>``, with ``read``/``write``/``sem.<permits>`` for the other kinds, and
-JSON owner metadata as data) and lists the queue, in one pipelined round trip. The lowest
-holds the lock (readers: no earlier writer; a semaphore: fewer than ``permits`` ahead).
-Otherwise a waiter watches only its predecessor (no herd) and is woken when it goes; a try
-(``wait=0``) deletes its node at once. Waiters are served in order: every kind is fair.
+as data a JSON object with the hold's token and owner record) and lists the queue, in one
+pipelined round trip. The lowest holds the lock (readers: no earlier writer; a semaphore:
+the permits taken ahead and its own fit in ``permits``, a hold of several permits being one
+node ``sem.<permits>w<count>``). Otherwise a waiter watches only its predecessor (no herd)
+and is woken when it goes; a try (``wait=0``) deletes its node at once. Waiters are served in
+order: every kind is fair.
+
+**Operating it.** ``describe`` lists every holder (token, owner record, fencing token,
+permits taken) from one read of the queue and one pipelined read of the holders' nodes;
+``force_release`` deletes every node of the key, holders' and waiters' (the waiters queue
+again); ``add_permits`` changes the permits stored on the key's node with a versioned write.
 
 **What it guarantees.**
 

@@ -9,7 +9,10 @@ __all__ = ["Book", "Node"]
 class Node:
     """One contender node of this session: a hold (``token`` set) or a queue place."""
 
-    __slots__ = ("epoch", "fence", "held_since", "infix", "key", "name", "parent", "path", "token", "waiter", "watched")
+    __slots__ = (
+        "epoch", "fence", "held_since", "infix", "key", "name", "parent",
+        "path", "token", "waiter", "watched", "written",
+    )  # fmt: skip
 
     def __init__(self, key: str, parent: str, name: str, infix: str, fence: int, epoch: int) -> None:
         self.key = key
@@ -23,6 +26,7 @@ class Node:
         self.waiter = ""
         self.watched = False
         self.held_since = 0.0
+        self.written = ""  # the token its data names (a waiter's node may be held for another)
 
 
 class Book:

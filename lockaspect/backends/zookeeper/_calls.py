@@ -54,13 +54,17 @@ class CreateContainer(Create2):  # type: ignore[misc]
 
 class Call(NamedTuple):
     """One request: ``op`` is ``create`` (an ephemeral sequential contender, with its stat),
-    ``container``, ``persistent``, ``children``, ``exists``, ``get``, ``set`` or
-    ``delete``; ``watch``: a one-shot watch for ``children`` and ``exists``."""
+    ``container``, ``persistent``, ``children``, ``exists``, ``get``, ``set``, ``delete``,
+    or ``deletes``: one transaction deleting ``paths`` (all or none; its answer lists one
+    result per path, errors included); ``watch``: a one-shot watch for ``children``,
+    ``exists`` and ``get``; ``version``: the version a ``set`` expects (``-1``: any)."""
 
     op: str
     path: str
     data: bytes = b""
     watch: Callable[[Any], None] | None = None
+    version: int = -1
+    paths: tuple[str, ...] = ()
 
 
 def connection_trouble(exc: BaseException) -> bool:

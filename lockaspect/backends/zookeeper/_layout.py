@@ -7,12 +7,15 @@ Layout (under the URL's chroot)::
                                           once its last child is gone)
     /<namespace>/<key>/_c_<uuid>-<kind>-<seq>
                                           an ephemeral sequential contender node per holder
-                                          or waiter; data: JSON owner metadata
+                                          or waiter; data: its token and owner
+                                          record (see :mod:`._record`)
 
 ``<kind>`` is ``lock`` (plain and fair locks, and each key of a multi-key lock), ``read``,
 ``write``, or ``sem.<permits>`` (a semaphore contender, with the number of permits it
-expects). Each family decides among its own nodes only: a plain lock, a read-write lock and a
-semaphore of one name never exclude each other (as in every lockaspect store).
+expects; ``sem.<permits>w<weight>`` when it takes several at once: the admission counts
+weights from the names alone, with no read of any node's data). Each family decides among
+its own nodes only: a plain lock, a read-write lock and a semaphore of one name never
+exclude each other (as in every lockaspect store).
 
 The ``_c_<uuid>-`` prefix is Curator's "protected" name: a create whose reply was lost (the
 connection dropped) is found again by its uuid and deleted, never orphaned.
@@ -45,7 +48,7 @@ __all__ = [
     "root_path",
 ]
 
-_NAME = re.compile(r"^_c_([0-9a-f]{32})-(lock|read|write|sem\.(\d{1,9}))-(-?\d{1,10})$")
+_NAME = re.compile(r"^_c_([0-9a-f]{32})-(lock|read|write|sem\.(\d{1,9})(?:w(\d{1,9}))?)-(-?\d{1,10})$")
 # Characters kept as they are in a node name; anything else is %XX-escaped (UTF-8).
 _SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.:@+=,~!$&'()*;")
 _WRAP = 1 << 32
@@ -94,12 +97,13 @@ def root_path(namespace: str) -> str:
     return "/" + encode_key(name) if name else "/lockaspect"
 
 
-def infix_of(kind: str, permits: int | None) -> str:
-    """The kind part of a contender's name."""
+def infix_of(kind: str, permits: int | None, weight: int = 1) -> str:
+    """The kind part of a contender's name (a semaphore's of weight 1 is the previous
+    version's name: both versions count it alike)."""
     if kind in ("lock", "fair"):
         return "lock"
     if kind == "semaphore":
-        return f"sem.{permits}"
+        return f"sem.{permits}" if weight == 1 else f"sem.{permits}w{weight}"
     return kind
 
 
@@ -124,6 +128,7 @@ class Contender(NamedTuple):
     uuid: str
     infix: str
     seq: int  # unsigned 32-bit
+    weight: int = 1  # permits it takes (semaphores)
 
     @property
     def family(self) -> str:
@@ -131,7 +136,7 @@ class Contender(NamedTuple):
 
     @property
     def permits(self) -> int | None:
-        return int(self.infix[4:]) if self.infix.startswith("sem.") else None
+        return int(self.infix[4:].split("w", 1)[0]) if self.infix.startswith("sem.") else None
 
 
 @functools.lru_cache(maxsize=4096)
@@ -141,7 +146,8 @@ def parse(name: str) -> Contender | None:
     match = _NAME.match(name)
     if match is None:
         return None
-    return Contender(name, match.group(1), match.group(2), int(match.group(4)) % _WRAP)
+    weight = int(match.group(4)) if match.group(4) else 1
+    return Contender(name, match.group(1), match.group(2), int(match.group(5)) % _WRAP, weight)
 
 
 def ordered(children: Iterable[str], family: str | None = None) -> list[Contender]:
@@ -166,8 +172,8 @@ class Verdict(NamedTuple):
     Attributes:
         holds: It holds the lock (or a permit).
         watch: When not: the node name to watch for its deletion (a predecessor), or ``""``:
-            watch the list of children (the first semaphore waiter, which waits for any
-            holder to leave).
+            watch the list of children and the key's permits (the first semaphore waiter,
+            which waits for holders to leave or for more permits).
         permits: Semaphores: the permits the earliest contender expects (what this one must
             agree with), else ``None``.
         ahead: How many contenders of its family are ahead of it.
@@ -202,16 +208,29 @@ def decide(queue: Sequence[Contender], mine: str, *, ignore: str = "", permits: 
         if not writers:
             return Verdict(True, None, None, len(ahead))
         return Verdict(False, writers[-1].name, None, len(ahead))
+    # A semaphore contender holds if the permits taken ahead of it and its own fit: in queue
+    # order (a heavy one first in line is not passed by lighter ones behind it), so the
+    # holders are a prefix whose weights sum to at most the permits.
     expected = permits if permits is not None else (queue[0].permits or 0)
-    if len(ahead) < expected:
+    used = sum(c.weight for c in ahead)
+    if used + me.weight <= expected:
         return Verdict(True, None, expected, len(ahead))
-    if len(ahead) == expected:
+    if used <= expected:  # every one ahead holds: any of them leaving may let it in
         return Verdict(False, "", expected, len(ahead))
     return Verdict(False, ahead[-1].name, expected, len(ahead))
 
 
 def holders(queue: Sequence[Contender], permits: int | None = None) -> list[Contender]:
     """The contenders of ``queue`` (one family, in order) that hold it now."""
+    if queue and queue[0].family == "sem":
+        expected = permits if permits is not None else (queue[0].permits or 0)
+        found, used = [], 0
+        for c in queue:
+            used += c.weight
+            if used > expected:
+                break
+            found.append(c)
+        return found
     found = []
     for c in queue:
         verdict = decide(queue, c.name, permits=permits)

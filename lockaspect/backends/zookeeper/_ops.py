@@ -8,11 +8,8 @@ cancellation); the plan undoes what it made and re-raises.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
-import socket
-import threading
 import time
 from collections.abc import Generator
 from typing import Any
@@ -21,36 +18,23 @@ from ...errors import BackendError
 from ..base import AcquireRequest, AcquireResult, ReleaseResult
 from ._calls import Call
 from ._layout import Contender, contender_prefix, decide, encode_key, family_of, infix_of, ordered
+from ._record import encode
 from ._session import Node, NodeExistsError, NoNodeError, Session
 
-__all__ = ["Plan", "acquire", "admin_permits", "owner_data", "release", "unqueue"]
+__all__ = ["Plan", "acquire", "admin_permits", "node_data", "parent_of", "reenter", "release", "unqueue"]
 
 Plan = Generator[list[Call], list[Any], Any]
 
 #: Re-lists of a queue within one attempt (the predecessor left while we looked).
 RELISTS = 8
 
-_HOST = socket.gethostname()
 
-
-def owner_data(session: Session, kind: str, lease: float) -> bytes:
-    """The JSON owner metadata a contender node carries (``b""`` with ``owner_info=False``)."""
+def node_data(session: Session, request: AcquireRequest) -> bytes:
+    """The data a contender node of ``request`` carries: its token, kind, lease and owner
+    record (see :mod:`._record`); ``b""`` with the URL's ``owner_info=false``."""
     if not session.settings.owner_info:
         return b""
-    try:
-        task = asyncio.current_task()
-    except RuntimeError:
-        task = None
-    where = task.get_name() if task is not None else threading.current_thread().name
-    info = {
-        "host": _HOST,
-        "pid": os.getpid(),
-        "thread": where,
-        "kind": kind,
-        "lease": lease,
-        "acquired_at": time.time(),
-    }
-    return json.dumps(info, separators=(",", ":")).encode()
+    return encode(request.token, request.kind, request.lease, request.owner)
 
 
 def admin_permits(parent_data: Any) -> int | None:
@@ -68,9 +52,10 @@ def parent_of(session: Session, key: str) -> str:
     return f"{session.root}/{encode_key(key)}"
 
 
-def _created(session: Session, key: str, parent: str, infix: str, answer: Any, epoch: int) -> Node:
+def _created(session: Session, key: str, parent: str, infix: str, answer: Any, epoch: int, token: str) -> Node:
     path, stat = answer
     node = Node(key, parent, path.rsplit("/", 1)[1], infix, int(stat.czxid), epoch)
+    node.written = token
     with session.lock:
         if session.epoch != epoch:
             stale = True
@@ -83,7 +68,7 @@ def _created(session: Session, key: str, parent: str, infix: str, answer: Any, e
     return node
 
 
-def _create(session: Session, key: str, infix: str, data: bytes, sem: bool) -> Plan:
+def _create(session: Session, key: str, infix: str, data: bytes, sem: bool, token: str) -> Plan:
     """Create our contender under ``key``'s parent (making the parent, a container, if need
     be) and list the queue, in one round trip. Returns ``(node, children, parent data)``."""
     parent = parent_of(session, key)
@@ -105,7 +90,7 @@ def _create(session: Session, key: str, infix: str, data: bytes, sem: bool) -> P
         if isinstance(answers[0], Exception):
             raise BackendError(f"ZooKeeper {session.settings.shown}: {answers[0]!r}", key=key)
         session.parent_made(parent)
-        node = _created(session, key, parent, infix, answers[0], epoch)
+        node = _created(session, key, parent, infix, answers[0], epoch, token)
         return node, answers[1], answers[2] if sem else None
     raise BackendError(f"ZooKeeper {session.settings.shown}: {parent} keeps disappearing", key=key, transient=True)
 
@@ -119,10 +104,11 @@ def _drop(session: Session, node: Node) -> None:
     session.delete_later(node.path)
 
 
-def _hold(session: Session, node: Node, token: str, woke_others: bool) -> AcquireResult:
+def _hold(session: Session, node: Node, token: str, woke_others: bool, data: bytes) -> AcquireResult:
     """``node`` holds the lock for ``token``: book it (the watchdog's first renewal sets the
     watch that tells of its deletion by anyone else, see ``Session.watch_held``); a
-    semaphore holder that waited touches its node, which wakes its successor."""
+    semaphore holder that waited touches its node, which wakes its successor. A node made
+    for another token (a same-process waiter's, shared) gets ``data``, this hold's."""
     with session.lock:
         book = session.book
         if node.waiter and book.queued.get((node.key, node.waiter)) is node:
@@ -133,9 +119,10 @@ def _hold(session: Session, node: Node, token: str, woke_others: bool) -> Acquir
     if waiter:
         session.forget((node.key, waiter))
     session.held()
-    if woke_others:
+    if woke_others or node.written != token:
+        node.written = token
         try:
-            session.send([Call("set", node.path, b"")])  # answered later; nothing waits for it
+            session.send([Call("set", node.path, data)])  # answered later; nothing waits for it
         except BackendError:
             pass
     return AcquireResult(True, node.fence)
@@ -178,7 +165,7 @@ def _acquire(session: Session, request: AcquireRequest, waiter: str | None) -> P
         node = book.queued.get((key, waiter)) if waiter else None
         below = book.holds.get((key, request.below)) if request.below else None
     ignore = below.name if below is not None else ""
-    infix = infix_of(kind, request.permits)
+    infix = infix_of(kind, request.permits, request.weight)
     parent = parent_of(session, key)
     if node is not None and (node.epoch != session.epoch or node.infix != infix):
         _drop(session, node)
@@ -187,8 +174,9 @@ def _acquire(session: Session, request: AcquireRequest, waiter: str | None) -> P
         # Our watch is set and has not fired: nothing ahead of us left; still busy.
         return AcquireResult(False, holder_ttl=request.lease)
     waited = node is not None
+    data = node_data(session, request)
     if node is None:
-        node, children, pdata = yield from _create(session, key, infix, owner_data(session, kind, request.lease), sem)
+        node, children, pdata = yield from _create(session, key, infix, data, sem, token)
         if waiter:
             with session.lock:
                 node.waiter = waiter
@@ -206,7 +194,7 @@ def _acquire(session: Session, request: AcquireRequest, waiter: str | None) -> P
                 _drop(session, node)
                 return AcquireResult(False, holder_ttl=request.lease, permits=verdict.permits)
             if verdict.holds:
-                return _hold(session, node, token, woke_others=sem and waited)
+                return _hold(session, node, token, sem and waited, data)
             if not waiter:
                 _drop(session, node)
                 return AcquireResult(False, holder_ttl=request.lease)
@@ -215,7 +203,8 @@ def _acquire(session: Session, request: AcquireRequest, waiter: str | None) -> P
             session.hub.arm(channel)
             try:
                 if verdict.watch == "":
-                    answers = yield [Call("children", parent, watch=wake)] + ([Call("get", parent)] if sem else [])
+                    # The queue, and the key's data: an operator's raising the permits wakes it.
+                    answers = yield [Call("children", parent, watch=wake), Call("get", parent, watch=wake)]
                 else:
                     answers = yield [Call("exists", f"{parent}/{verdict.watch}", watch=wake)]
             except BaseException:
@@ -262,7 +251,7 @@ def acquire_multi(session: Session, request: AcquireRequest) -> Plan:
         for node in mine:
             _drop(session, node)
         mine = []
-    data = owner_data(session, "lock", request.lease)
+    data = node_data(session, request)
     try:
         if True:
             if mine:  # re-check the key we wait for
@@ -275,7 +264,7 @@ def acquire_multi(session: Session, request: AcquireRequest) -> Plan:
                     return (yield from _multi_wait(session, request, mine, verdict))
             verdict = None
             for key in keys[len(mine) :]:
-                node, children, _ = yield from _create(session, key, "lock", data, False)
+                node, children, _ = yield from _create(session, key, "lock", data, False, token)
                 mine.append(node)
                 verdict = _decide(children, node, "", None)
                 if verdict is None:
@@ -291,7 +280,7 @@ def acquire_multi(session: Session, request: AcquireRequest) -> Plan:
                         session.forget((node.key, waiter))
                 for node in mine:
                     node.waiter = ""
-                    taken.append(_hold(session, node, token, False).fencing_token)
+                    taken.append(_hold(session, node, token, False, data).fencing_token)
                 return AcquireResult(True, taken[0], fencing_tokens=tuple(taken))
             return (yield from _multi_wait(session, request, mine, verdict))
     except BaseException:
@@ -348,6 +337,38 @@ def release(session: Session, key: str, token: str) -> Plan:
     if isinstance(answer, NoNodeError):
         return ReleaseResult.NOT_OWNER
     return ReleaseResult.RELEASED
+
+
+def reenter(session: Session, key: str, token: str) -> Plan:
+    """Whether ``token`` still holds ``key``: the node is looked at (one round trip; its
+    deletion by an operator may not have reached the session's watch yet), and the watch set
+    with it if the hold has none yet. While the connection is down or being re-read, and if
+    the look fails, the session's own state answers (see the lease estimate)."""
+    with session.lock:
+        node = session.book.holds.get((key, token))
+        if node is None or node.epoch != session.epoch:
+            return False
+        if not (session.connected and session.verified):
+            return True
+        watch = None
+        if not node.watched:
+            node.watched = True
+            watch = session.held_watch(node)
+    try:
+        (stat,) = yield [Call("exists", node.path, watch=watch)]
+    except BackendError:
+        if watch is not None:
+            node.watched = False
+        return _booked(session, node)
+    if stat is None:
+        session.lose_nodes([node], "not-owner")
+        return False
+    return _booked(session, node)
+
+
+def _booked(session: Session, node: Node) -> bool:
+    with session.lock:
+        return session.book.holds.get((node.key, node.token)) is node and node.epoch == session.epoch
 
 
 def unqueue(session: Session, key: str, waiter: str) -> None:

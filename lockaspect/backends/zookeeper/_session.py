@@ -219,11 +219,16 @@ class Session(SessionState):
         if op == "delete":
             return client.delete_async(path)
         if op == "get":
-            return client.get_async(path)
+            return client.get_async(path, watch=call.watch)
         if op == "set":
-            return client.set_async(path, call.data)
+            return client.set_async(path, call.data, call.version)
         if op == "persistent":
             return client.create_async(path, call.data)
+        if op == "deletes":
+            transaction = client.transaction()
+            for each in call.paths:
+                transaction.delete(self.settings.chroot + each)
+            return transaction.commit_async()
         assert op == "container"
         result = client.handler.async_result()
         client._call(container_request(path, call.data), result)

@@ -22,7 +22,7 @@ from ..base import (
     new_waiter_id,
 )
 from . import _ops
-from ._admin import AdminMixin
+from ._admin import AdminMixin, AsyncAdminMixin
 from ._layout import root_path
 from ._notify import AsyncZooKeeperNotifier, ZooKeeperNotifier
 from ._options import Settings
@@ -78,19 +78,14 @@ class _Base:
                 out.append(True if trusted else None)
         return out
 
-    def _reenter(self, key: str, token: str) -> bool:
-        session = self._session
-        with session.lock:
-            node = session.book.holds.get((self.namespace + key, token))
-            return node is not None and node.epoch == session.epoch
-
     def _unqueue(self, key: str, waiter: str) -> None:
         _ops.unqueue(self._session, self.namespace + key, waiter)
 
 
 class ZooKeeperStore(_Base, AdminMixin):
     """ZooKeeper locks for threads (a :class:`~lockaspect.backends.base.Store`,
-    :class:`~lockaspect.backends.base.AdminStore` and
+    :class:`~lockaspect.backends.base.AdminStore`,
+    :class:`~lockaspect.backends.base.AddsPermits` and
     :class:`~lockaspect.backends.base.ReportsLosses`); open it with
     :func:`~lockaspect.backends.zookeeper.open_zookeeper_store` or
     ``LockClient.from_url("zookeeper://host:2181/chroot")``.
@@ -132,7 +127,9 @@ class ZooKeeperStore(_Base, AdminMixin):
         return code
 
     def reenter(self, key: str, token: str, kind: str = "lock") -> bool:
-        return self._reenter(key, token)
+        """Whether ``token`` still holds ``key`` (one round trip: see ``_ops.reenter``)."""
+        held: bool = self._drive(_ops.reenter(self._session, self.namespace + key, token), key)
+        return held
 
     def unqueue(self, key: str, waiter: str, kind: str = "lock") -> None:
         self._unqueue(key, waiter)
@@ -173,8 +170,9 @@ class ZooKeeperStore(_Base, AdminMixin):
         self._session.close()
 
 
-class AsyncZooKeeperStore(_Base):
-    """The asyncio twin: the same session (one ZooKeeper session per client), awaited."""
+class AsyncZooKeeperStore(_Base, AsyncAdminMixin):
+    """The asyncio twin: the same session (one ZooKeeper session per client), awaited (an
+    :class:`~lockaspect.backends.base.AsyncAdminStore` with ``add_permits`` too)."""
 
     def __init__(self, session: Session, namespace: str) -> None:
         super().__init__(session, namespace)
@@ -206,7 +204,8 @@ class AsyncZooKeeperStore(_Base):
         return code
 
     async def reenter(self, key: str, token: str, kind: str = "lock") -> bool:
-        return self._reenter(key, token)
+        held: bool = await self._drive(_ops.reenter(self._session, self.namespace + key, token), key)
+        return held
 
     async def renew(self, leases: Sequence[RenewItem]) -> list[RenewStatus]:  # type: ignore[override]
         return _Base.renew(self, leases)
