@@ -27,6 +27,8 @@ class Column:
     right: bool = False
     wrap: bool = False
     style: str | None = None
+    #: rich only: a style per cell value, e.g. (("error", "bold red"),).
+    value_styles: tuple[tuple[str, str], ...] = ()
 
 
 def shorten(text: str, width: int) -> str:
@@ -116,5 +118,7 @@ def rich_table(
             style=column.style,
         )
     for row in rows:
-        table.add_row(*(Text(cell) for cell in row))
+        table.add_row(
+            *(Text(cell, style=dict(c.value_styles).get(cell, "")) for c, cell in zip(columns, row, strict=True))
+        )
     return table
