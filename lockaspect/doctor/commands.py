@@ -144,19 +144,27 @@ def acl_checks(
     commands: Sequence[Command], refused: Mapping[str, str], unchecked: Sequence[str], method: str, with_wait: bool
 ) -> list[Check]:
     """The verdicts of the ACL check: ``refused`` maps each command refused to why;
-    ``unchecked`` names the commands not checked."""
+    ``unchecked`` names the commands not checked; ``with_wait``: the clients use
+    ``wait_replicas`` (then ``WAIT`` is needed)."""
     checks: list[Check] = []
-    missing = [c for c in commands if c.name in refused]
-    needed = [c for c in missing if c.need == "needed" or (c.need == "replicas" and with_wait)]
-    wanted = [c for c in missing if c not in needed and c.need != "replicas"]
-    for command in needed:
-        checks.append(Check(f"acl {command.name.lower()}", ERROR, f"refused: {refused[command.name]} ({command.why})"))
-    for command in wanted:
-        checks.append(Check(f"acl {command.name.lower()}", WARN, f"refused: {refused[command.name]} ({command.why})"))
+    bad = 0
+    for command in commands:
+        if command.name not in refused:
+            continue
+        why = f"refused: {refused[command.name]} ({command.why})"
+        if command.need == "needed" or (command.need == "replicas" and with_wait):
+            checks.append(Check(f"acl {command.name.lower()}", ERROR, why))
+            bad += 1
+        elif command.need == "wanted":
+            checks.append(Check(f"acl {command.name.lower()}", WARN, why))
+            bad += 1
+        else:
+            checks.append(Check(f"acl {command.name.lower()}", INFO, f"{why}; needed only with wait_replicas"))
     if unchecked:
-        checks.append(Check("acl", WARN, f"not checked: {', '.join(unchecked)}"))
-    if not missing and not unchecked:
-        checks.append(Check("acl", OK, f"the user may run all {len(commands)} commands lockaspect sends ({method})"))
-    elif not needed:
-        checks.append(Check("acl", INFO, f"every command needed is allowed ({method})"))
+        checks.append(Check("acl unchecked", WARN, f"not checked: {', '.join(unchecked)}"))
+    allowed = len(commands) - len(refused) - len(unchecked)
+    if not bad and not unchecked:
+        checks.append(Check("acl", OK, f"the user may run the {allowed} commands lockaspect needs ({method})"))
+    else:
+        checks.append(Check("acl", INFO, f"{allowed} of {len(commands)} commands allowed ({method})"))
     return checks

@@ -67,12 +67,12 @@ def parse_version(text: str) -> tuple[int, ...]:
     """``"7.2.4"`` -> ``(7, 2, 4)`` (what is not a number ends it)."""
     parts: list[int] = []
     for part in text.split("."):
-        digits = "".join(c for c in part if c.isdigit())
-        if not digits or digits != part[: len(digits)]:
-            if digits:
-                parts.append(int(digits))
+        digits = len(part) - len(part.lstrip("0123456789"))
+        if not digits:
             break
-        parts.append(int(digits))
+        parts.append(int(part[:digits]))
+        if digits < len(part):
+            break
     return tuple(parts)
 
 
