@@ -122,3 +122,31 @@ def test_inspect_rows_name_every_field() -> None:
     assert rows["acquired at"].endswith("(10.0s ago)")
     unknown = {label.strip(): value for label, value in detail_rows(info("k", holder(host=None, pid=None)))}
     assert unknown["host"] == unknown["pid"] == "?"
+
+
+@pytest.mark.parametrize("columns", [80, 120])
+def test_the_demo_progress_rows_fit_the_terminal_with_their_figures_whole(
+    columns: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("rich")
+    from lockaspect.demo import report
+
+    monkeypatch.setenv("COLUMNS", str(columns))
+    out = io.StringIO()
+    reporter = report.RichReporter(out)
+    progress = report.Progress(requests_total=85, stock=25, report_total=3.5, lease=2.0)
+    progress.requests_done, progress.placed, progress.duplicates, progress.sold_out = 85, 25, 30, 30
+    progress.ledger_text = "worker 1 wrote with token 1795513749164241"
+    reporter.start(progress, 0.0)
+    reporter.update(progress)
+    reporter.progress.stop()
+    out.seek(0)
+    out.truncate()  # what the live display drew; the rows alone follow
+    reporter.console.print(reporter.progress.make_tasks_table(reporter.progress.tasks))
+    lines = out.getvalue().splitlines()
+    assert all(len(line) <= columns for line in lines), lines
+    assert any("orders 25/25, duplicates 30, sold out 30" in line for line in lines), lines
+    assert any("worker 1 wrote with token 1795513749164241" in line for line in lines), lines
+    [sale] = [line for line in lines if "Flash sale requests" in line]
+    assert sale.count("━") >= 10, sale  # a bar, not a sliver
+    assert "…" not in out.getvalue()  # nothing cut (the elapsed time goes on a narrow terminal)
