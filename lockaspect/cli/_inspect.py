@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import textwrap
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from ._common import CliError, Output, command, open_client, store_errors, store_url
 from ._format import LIST_COLUMNS, detail_rows, list_rows, who
 from ._options import EXIT_USAGE
-from ._table import Column, plain_lines, rich_table
+from ._table import Column, plain_lines, rich_table, shorten
 
 if TYPE_CHECKING:
     from .. import LockClient
@@ -137,17 +138,16 @@ def inspect_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _confirm(key: str, infos: list[LockInfo]) -> bool:
+def _confirm(key: str, infos: list[LockInfo], width: int) -> bool:
     """Ask on the terminal whether to evict; ``False`` unless the answer is yes."""
-    print(f"{key!r} is held by:", file=sys.stderr)
-    for info in infos:
-        for line in who(info):
-            print(f"  {line}", file=sys.stderr)
-    print(
-        "Force-releasing evicts them: each learns it at its next renewal (LockLost, on_lost), and may "
-        "still be running.",
-        file=sys.stderr,
+    lines = [f"{key!r} is held by:"]
+    lines += [f"  {line}" for info in infos for line in who(info)]
+    lines += textwrap.wrap(
+        "Force-releasing evicts them: each learns it at its next renewal (LockLost, on_lost), and may still "
+        "be running.",
+        width,
     )
+    print("\n".join(shorten(line, width) for line in lines), file=sys.stderr)
     sys.stderr.write(f"Force-release {key!r}? [y/N] ")
     sys.stderr.flush()
     answer = sys.stdin.readline()
@@ -189,7 +189,7 @@ def release_command(args: argparse.Namespace) -> int:
     try:
         with store_errors():
             infos = _holders(client, args.key)
-            if infos and not args.yes and not _confirm(args.key, infos):
+            if infos and not args.yes and not _confirm(args.key, infos, out.width):
                 out.line(f"not released: {args.key!r} is still held")
                 return 1
             released = client.force_release(args.key)

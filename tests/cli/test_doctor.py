@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from lockaspect import LockClient
+from lockaspect import LockClient, LockLost
 from lockaspect.testing import LockServer, PostgresServer, ValkeyCluster, ZooKeeperServer
 
 from ._support import assert_fits, lockaspect
@@ -126,8 +126,14 @@ def test_the_printed_acl_rule_is_enough_to_lock(aof_server: LockServer) -> None:
         with client.lock("order:1") as lease:
             assert client.describe("order:1") is not None
             assert [info.key for info in client.held_locks()] == ["order:1"]
-        with client.semaphore("pool", permits=2), client.rw_lock("doc").read():
+        with client.semaphore("pool", permits=2), client.rw_lock("doc").read(), client.fair_lock("queue"):
             pass
+        with client.rw_lock("doc").write():
+            held = client.acquire("stuck")
+            assert client.force_release("stuck")
+            assert not held.owned()
+            with pytest.raises(LockLost):
+                held.release()
         assert lease.fencing_token is not None
     finally:
         client.close()

@@ -311,6 +311,7 @@ def test_release_asks_on_the_terminal(
     lease = client.acquire("order:2")
     status, output = in_terminal(["release", "order:2", "--force", *store(lock_server.url, namespace)], answer="n")
     assert status == 1, output
+    assert_fits(output)
     assert "Force-release 'order:2'? [y/N]" in output
     assert "still held" in output
     assert client.locked("order:2")
