@@ -43,11 +43,20 @@ def _dash(value: object) -> str:
     return "-" if value is None else str(value)
 
 
+def short_function(qualname: str) -> str:
+    """The end of a qualified name, which a narrow column would cut off: its last two parts
+    (``OrderService.create_order``), or the last alone when those are long."""
+    parts = [part for part in qualname.split(".") if part != "<locals>"]
+    name = ".".join(parts[-2:])
+    return name if len(name) <= 30 else parts[-1]
+
+
 def holder_label(holder: Holder) -> str:
     """``host/pid function`` (``?`` for what the store did not record; the thread or task
-    when no decorated function took it), ``xN`` for a holder of N permits."""
+    when no decorated function took it; the function's name without its module, see
+    :func:`short_function`), ``xN`` for a holder of N permits."""
     where = f"{holder.host or '?'}/{'?' if holder.pid is None else holder.pid}"
-    what = holder.function or holder.thread or ""
+    what = short_function(holder.function) if holder.function else (holder.thread or "")
     label = f"{where} {what}".rstrip()
     if holder.permits > 1:
         label += f" x{holder.permits}"

@@ -7,14 +7,16 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import signal
 import socket
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from lockaspect import LockClient
+from lockaspect import LockClient, LockLost
 from lockaspect.info import Holder, LockInfo
 from lockaspect.testing import LockServer
 
@@ -160,7 +162,7 @@ def test_human_output_fits_80_columns_on_a_pipe(
 
     need_owner_records(owner_records)
     assert f"{socket.gethostname()}/{os.getpid()}" in listed.stdout or "/" + str(os.getpid()) in listed.stdout
-    assert f"pid            {os.getpid()}" in inspected.stdout
+    assert re.search(rf"^\s+pid\s+{os.getpid()}$", inspected.stdout, re.MULTILINE), inspected.stdout
 
 
 @pytest.mark.skipif(importlib.util.find_spec("rich") is None, reason="rich is not installed")
@@ -327,3 +329,54 @@ def test_infos_round_trip_through_json(held: dict[str, int | None], make_client:
     info = make_client().describe("order:42")
     assert isinstance(info, LockInfo)
     assert set(info.to_dict()) == INFO_FIELDS
+
+
+def test_who_holds_is_shown_from_the_owner_records(capsys: pytest.CaptureFixture[str]) -> None:
+    """On a store that records owners (the memory store, shared by name within this process,
+    run through the command's own main()): host, pid, thread, function and template."""
+    from lockaspect import distributed_lock
+    from lockaspect.cli import main
+
+    url = f"memory://cli-{os.getpid()}"
+    client = LockClient.from_url(url)
+    inside = threading.Event()
+    leave = threading.Event()
+
+    @distributed_lock(key="order:<user_id>", client=client)
+    def create_order(user_id: int) -> None:
+        inside.set()
+        leave.wait(TIMEOUT)
+
+    outcome: list[str] = []
+
+    def work() -> None:
+        try:
+            create_order(42)
+        except LockLost as exc:
+            outcome.append(exc.reason)
+
+    worker = threading.Thread(target=work, name="worker-7")
+    worker.start()
+    try:
+        assert inside.wait(TIMEOUT)
+        assert main(["list", "--url", url, "--json"]) == 0
+        [info] = json.loads(capsys.readouterr().out)
+        [holder] = info["holders"]
+        assert (holder["host"], holder["pid"], holder["thread"]) == (socket.gethostname(), os.getpid(), "worker-7")
+        assert holder["function"].endswith("create_order")
+        assert holder["template"] == "order:<user_id>"
+        assert main(["list", "--url", url, "--plain"]) == 0
+        listed = capsys.readouterr().out
+        assert_fits(listed)
+        assert re.search(rf"^order:42\s+lock\s+\S*/{os.getpid()} \S*create_order\s", listed, re.MULTILINE), listed
+        assert main(["inspect", "order:42", "--url", url, "--plain"]) == 0
+        inspected = capsys.readouterr().out
+        assert re.search(r"^\s+thread/task\s+worker-7$", inspected, re.MULTILINE), inspected
+        assert re.search(r"^\s+template\s+order:<user_id>$", inspected, re.MULTILINE), inspected
+        assert main(["release", "order:42", "--url", url, "--force", "--yes"]) == 0
+        assert f"/{os.getpid()} " in capsys.readouterr().out
+    finally:
+        leave.set()
+        worker.join(TIMEOUT)
+        client.close()
+    assert outcome == ["not-owner"]  # the evicted call raised LockLost when it ended

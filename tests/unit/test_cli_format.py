@@ -66,7 +66,8 @@ def test_durations() -> None:
 
 
 def test_holders_read_host_pid_function_with_question_marks_for_the_unknown() -> None:
-    assert holder_label(holder()) == "web-1/4242 app.orders.create_order"
+    assert holder_label(holder()) == "web-1/4242 orders.create_order"
+    assert holder_label(holder(function="test_a_long_test_name.<locals>.create_order")) == "web-1/4242 create_order"
     assert holder_label(holder(host=None, pid=None, function=None, thread=None)) == "?/?"
     assert holder_label(holder(function=None, permits=3)) == "web-1/4242 MainThread x3"
 
