@@ -78,7 +78,8 @@ def _redis(report: Report, url: str, namespace: str, wait_replicas: int | None) 
     from .commands import needed_commands
     from .redis_facts import gather, redis_checks
 
-    cluster = "+cluster" in url.partition("://")[0]
+    scheme = url.partition("://")[0]
+    cluster = "+cluster" in scheme
     try:
         store = _open(report, url, namespace)
     except Exception as exc:
@@ -90,7 +91,7 @@ def _redis(report: Report, url: str, namespace: str, wait_replicas: int | None) 
         return
     if store is None:
         return
-    commands = needed_commands(sharded=cluster)
+    commands = needed_commands("cluster" if cluster else "sentinel" if "+sentinel" in scheme else "single")
     try:
         for where, client, extra in _servers(store, report.store, cluster, namespace):
             facts = gather(client, where, namespace, commands)

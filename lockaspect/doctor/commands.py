@@ -37,21 +37,28 @@ class Command:
         return "+" + self.name.lower()
 
 
+#: The topologies a :data:`DIRECT` command is sent on.
+ALL = ("single", "sentinel", "cluster")
+NOT_CLUSTER = ("single", "sentinel")
+ASYNC_BATCHES = ("sentinel", "cluster")
+CLUSTER = ("cluster",)
+
 #: What the store sends itself, outside the scripts (lockaspect/backends/redis/*.py):
-#: (name, need, why, cluster: None both, True Cluster only, False one server and Sentinel).
-DIRECT: tuple[tuple[str, str, str, bool | None], ...] = (
-    ("EVALSHA", "needed", "every lock operation (_script.py)", None),
-    ("EVAL", "needed", "a script after NOSCRIPT (_script.py, _renewal.py)", None),
-    ("SCRIPT|LOAD", "wanted", "renewals after NOSCRIPT, else EVAL with the full text (_renewal.py)", None),
-    ("SUBSCRIBE", "wanted", "release wake-ups; without it waiters poll (notify.py)", False),
-    ("UNSUBSCRIBE", "wanted", "release wake-ups (notify.py)", False),
-    ("SSUBSCRIBE", "wanted", "release wake-ups on a cluster; without it waiters poll (_cluster_notify.py)", True),
-    ("SUNSUBSCRIBE", "wanted", "release wake-ups on a cluster (_cluster_notify.py)", True),
-    ("SCAN", "wanted", "held_locks() and lockaspect list (store.py)", None),
-    ("WAIT", "replicas", "wait_replicas (_layout.py)", None),
-    ("CLUSTER|SLOTS", "needed", "the cluster client's slot map (redis-py)", True),
-    ("COMMAND", "needed", "the cluster client's key positions (redis-py)", True),
-    ("ASKING", "wanted", "commands during a slot migration (_cluster_wire.py)", True),
+#: (name, need, why, the topologies that send it).
+DIRECT: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
+    ("EVALSHA", "needed", "every lock operation (_script.py)", ALL),
+    ("EVAL", "needed", "a script after NOSCRIPT (_script.py, _renewal.py)", ALL),
+    ("SCRIPT|LOAD", "wanted", "renewals after NOSCRIPT, else EVAL with the full text (_renewal.py)", ALL),
+    ("SUBSCRIBE", "wanted", "release wake-ups; without it waiters poll (notify.py)", NOT_CLUSTER),
+    ("UNSUBSCRIBE", "wanted", "release wake-ups (notify.py)", NOT_CLUSTER),
+    ("SSUBSCRIBE", "wanted", "release wake-ups on a cluster; without it waiters poll (_cluster_notify.py)", CLUSTER),
+    ("SUNSUBSCRIBE", "wanted", "release wake-ups on a cluster (_cluster_notify.py)", CLUSTER),
+    ("SCAN", "wanted", "held_locks() and lockaspect list (store.py)", ALL),
+    ("PING", "needed", "behind each asyncio renewal batch (_async_wire.py)", ASYNC_BATCHES),
+    ("WAIT", "replicas", "wait_replicas (_layout.py)", ALL),
+    ("CLUSTER|SLOTS", "needed", "the cluster client's slot map (redis-py)", CLUSTER),
+    ("COMMAND", "needed", "the cluster client's key positions (redis-py)", CLUSTER),
+    ("ASKING", "wanted", "commands during a slot migration (_cluster_wire.py)", CLUSTER),
 )
 
 
@@ -76,14 +83,12 @@ def script_sources(sharded: bool) -> list[str]:
     return [LuaScript(name, sharded=sharded).source for name in SCRIPTS]
 
 
-def needed_commands(sharded: bool, sources: Sequence[str] | None = None) -> list[Command]:
-    """Every command the store sends, in the order of :data:`DIRECT` then the scripts'
-    (sorted)."""
-    texts = script_sources(sharded) if sources is None else list(sources)
+def needed_commands(topology: str = "single", sources: Sequence[str] | None = None) -> list[Command]:
+    """Every command the store of ``topology`` (``"single"``, ``"sentinel"`` or
+    ``"cluster"``) sends, in the order of :data:`DIRECT` then the scripts' (sorted)."""
+    texts = script_sources(topology == "cluster") if sources is None else list(sources)
     strict, lenient = lua_commands(texts)
-    commands = [
-        Command(name, need, why) for name, need, why, cluster in DIRECT if cluster is None or cluster == sharded
-    ]
+    commands = [Command(name, need, why) for name, need, why, where in DIRECT if topology in where]
     for name in sorted(strict | lenient):
         if name in lenient:
             commands.append(Command(name, "wanted", "release wake-ups inside the scripts; without it waiters poll"))

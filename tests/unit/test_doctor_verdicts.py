@@ -104,8 +104,8 @@ def test_the_commands_come_from_the_scripts() -> None:
 
 def test_the_real_scripts_commands_match_the_documented_acl() -> None:
     """docs/stores/redis.md lists the scripts' commands; the derived list agrees."""
-    single = {command.name: command.need for command in needed_commands(sharded=False)}
-    cluster = {command.name: command.need for command in needed_commands(sharded=True)}
+    single = {command.name: command.need for command in needed_commands("single")}
+    cluster = {command.name: command.need for command in needed_commands("cluster")}
     assert single["EVALSHA"] == single["EVAL"] == single["HSET"] == single["TIME"] == "needed"
     assert single["PUBLISH"] == "wanted"
     assert "SPUBLISH" not in single
@@ -115,6 +115,9 @@ def test_the_real_scripts_commands_match_the_documented_acl() -> None:
     assert "SSUBSCRIBE" in cluster
     assert "SUBSCRIBE" not in cluster
     assert single["WAIT"] == "replicas"
+    assert "PING" not in single  # sent only behind the asyncio Sentinel and Cluster renewal batches
+    assert cluster["PING"] == "needed"
+    assert {c.name: c.need for c in needed_commands("sentinel")}["PING"] == "needed"
     docs = (Path(__file__).parents[2] / "docs" / "stores" / "redis.md").read_text(encoding="utf-8")
     row = re.search(r"^\| inside the scripts .*$", docs, re.MULTILINE)
     assert row is not None
@@ -124,8 +127,8 @@ def test_the_real_scripts_commands_match_the_documented_acl() -> None:
 
 
 def test_every_command_has_sample_arguments_in_the_namespace() -> None:
-    for sharded in (False, True):
-        for command in needed_commands(sharded=sharded):
+    for topology in ("single", "sentinel", "cluster"):
+        for command in needed_commands(topology):
             call = sample_args(command.name, "ns:")
             assert call is not None, command.name
             assert call[0] == command.name.split("|")[0]
@@ -142,12 +145,12 @@ def test_what_the_store_sends_itself_is_listed() -> None:
         if re.search(r"\.scan(?:_iter)?\(", text):
             sent.add("SCAN")
     listed = {name.split("|")[0] for name, *_ in DIRECT}
-    not_commands = {"LOADING", "PING"}  # an error prefix; the PING after an asyncio renewal batch
+    not_commands = {"LOADING"}  # an error prefix
     assert sent - not_commands <= listed, sent - listed
 
 
 def test_acl_checks_and_rule() -> None:
-    commands = needed_commands(sharded=False)
+    commands = needed_commands("single")
     assert [c.verdict for c in acl_checks(commands, {}, [], "ACL DRYRUN", False)] == ["ok"]
     refused = {"HSET": "no permission", "SCAN": "no permission", "WAIT": "no permission"}
     checks = {c.name: c.verdict for c in acl_checks(commands, refused, [], "m", False)}
@@ -161,7 +164,7 @@ def test_acl_checks_and_rule() -> None:
 
 
 def test_redis_checks_of_gathered_facts() -> None:
-    commands = needed_commands(sharded=False)
+    commands = needed_commands("single")
     unreachable, rule = redis_checks(RedisFacts("h:1", unreachable="Connection refused"), commands, "ns:")
     assert (exit_status(unreachable), rule) == (2, None)
     good = RedisFacts(
