@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import textwrap
 from typing import Any
 
 __all__ = [
@@ -63,12 +64,24 @@ def _count(text: str) -> int:
     return value
 
 
+#: ``--help`` texts fit an 80-column terminal.
+_HELP_WIDTH = 79
+
+
+def _exit_statuses(codes: str) -> str:
+    """The ``exit status:`` list, each entry wrapped under its own text."""
+    lines = ["exit status:"]
+    for entry in codes.strip("\n").splitlines():
+        lines += textwrap.wrap(entry, _HELP_WIDTH, subsequent_indent=" " * 6)
+    return "\n".join(lines)
+
+
 def _parser(commands: _Subparsers, name: str, help_text: str, description: str, codes: str) -> Any:
     return commands.add_parser(
         name,
         help=help_text,
-        description=description,
-        epilog="exit status:" + codes,
+        description=textwrap.fill(description, _HELP_WIDTH),
+        epilog=_exit_statuses(codes),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
 
@@ -172,7 +185,7 @@ def add_run(commands: _Subparsers) -> Any:
         "\n  N   COMMAND's own exit status (128+S when it died of signal S, as shells report it)"
         f"\n  {EXIT_NOT_ACQUIRED}  the lock was not acquired within --wait (COMMAND did not run)"
         f"\n  {EXIT_LOCK_LOST}  the lock was lost while COMMAND ran (COMMAND was stopped)"
-        "\n  126 COMMAND could not be executed; 127 COMMAND was not found (the lock is released)" + _COMMON_CODES,
+        "\n  126 COMMAND could not be executed (127: it was not found); the lock is released" + _COMMON_CODES,
     )
     parser.add_argument("key", metavar="KEY", help="the lock's key, without the namespace")
     parser.add_argument("command", nargs="*", metavar="-- COMMAND", help="the command and its arguments, after --")

@@ -47,11 +47,15 @@ def test_the_run_command_is_split_at_the_first_double_dash() -> None:
 
 
 @pytest.mark.parametrize("name", ["list", "inspect", "release", "run", "doctor"])
-def test_each_subcommand_documents_its_exit_status(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_each_subcommand_documents_its_exit_status(
+    name: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "80")
     with pytest.raises(SystemExit) as exit_info:
         main([name, "--help"])
     assert exit_info.value.code == 0
     text = capsys.readouterr().out
+    assert all(len(line) <= 80 for line in text.splitlines()), text
     assert "exit status:" in text
     assert "--url" in text
     assert "LOCKASPECT_URL" in text
