@@ -139,6 +139,7 @@ def test_the_printed_acl_rule_is_enough_to_lock(aof_server: LockServer) -> None:
         client.close()
 
 
+@pytest.mark.slow
 def test_each_primary_of_a_cluster_is_checked(valkey_cluster: ValkeyCluster) -> None:
     status, report = doctor(valkey_cluster.url)
     assert status == 1  # the test cluster runs without persistence

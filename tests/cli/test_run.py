@@ -132,6 +132,7 @@ def test_run_not_acquired_in_time_exits_75_without_running_the_command(
     lease.release()
 
 
+@pytest.mark.slow
 def test_a_lost_lock_stops_the_command_then_kills_it_after_the_grace(
     lock_server: LockServer, namespace: str, make_client: Callable[..., LockClient]
 ) -> None:
@@ -155,6 +156,7 @@ def test_a_lost_lock_stops_the_command_then_kills_it_after_the_grace(
     lease.release()
 
 
+@pytest.mark.slow
 def test_a_lost_lock_whose_command_stops_on_sigterm_still_exits_76(
     lock_server: LockServer, namespace: str, make_client: Callable[..., LockClient]
 ) -> None:
