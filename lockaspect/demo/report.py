@@ -131,16 +131,22 @@ class RichReporter:
     def __init__(self, out: IO[str] | None = None) -> None:
         from rich.console import Console
         from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+        from rich.table import Column
 
         self.console = Console(file=out)
-        self.progress = Progress(
+        # Three rows of description, bar, figures and elapsed time; on a narrow terminal (80
+        # columns) the bar shrinks and the elapsed time goes (the events carry it), so that the
+        # figures still fit on their row instead of being cut.
+        width = self.console.width
+        columns: list[Any] = [
             SpinnerColumn(),
-            TextColumn("[bold]{task.description:<28}"),
-            BarColumn(bar_width=30),
-            TextColumn("{task.fields[info]}"),
-            TimeElapsedColumn(),
-            console=self.console,
-        )
+            TextColumn("[bold]{task.description}", table_column=Column(width=22, no_wrap=True)),
+            BarColumn(bar_width=max(10, min(30, width - 90))),
+            TextColumn("{task.fields[info]}", table_column=Column(no_wrap=True, overflow="ellipsis")),
+        ]
+        if width >= 100:
+            columns.append(TimeElapsedColumn())
+        self.progress = Progress(*columns, console=self.console)
         self._tasks: dict[str, Any] = {}
 
     def start(self, progress: Progress, t0: float) -> None:
