@@ -82,8 +82,7 @@ class LockClient(Operations, Manual):
         owner_info: bool = True,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if not isinstance(owner_info, bool):
-            raise TypeError(f"owner_info must be a bool, got {type(owner_info).__name__}")
+        _check_owner_info(owner_info)
         lease, tick_s, weight = _policy.client_settings(watchdog_lease, tick, delay_weight)
         users = Observers.check(observers)
         replicated = _policy.check_wait_replicas(wait_replicas, None)
@@ -157,6 +156,7 @@ class LockClient(Operations, Manual):
         """
         from .backends import open_store
 
+        _check_owner_info(owner_info)  # before the store is opened
         settings = {"watchdog_lease": watchdog_lease, "tick": tick, "delay_weight": delay_weight}
         return cls._on(
             open_store(url, namespace=namespace, **redis_options),
@@ -429,6 +429,11 @@ class LockClient(Operations, Manual):
     def __repr__(self) -> str:
         state = "closed" if self.closed else "open"
         return f"<LockClient {type(self.backend).__name__} watchdog_lease={self.watchdog_lease:g}s {state}>"
+
+
+def _check_owner_info(owner_info: object) -> None:
+    if not isinstance(owner_info, bool):
+        raise TypeError(f"owner_info must be a bool, got {type(owner_info).__name__}")
 
 
 def _transaction_block(client: LockClient, key: str, spec: LockSpec, scope: object, connection: Any) -> LockBlock:

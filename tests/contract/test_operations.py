@@ -32,15 +32,6 @@ from .conftest import ALL_KINDS, block, skip_unless_served
 
 BOUND = 20.0
 
-#: Stores whose owner records, holder lists and weights have landed (the others follow).
-LANDED = {"memory"}
-
-
-@pytest.fixture(autouse=True)
-def _landed(store_name: str) -> None:
-    if store_name not in LANDED:
-        pytest.skip(f"{store_name}: owner records and weights not landed yet")
-
 
 def session_bound(client: LockClient) -> bool:
     return bool(client.backend.capabilities & Capability.SESSION_BOUND)

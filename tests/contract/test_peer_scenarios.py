@@ -22,15 +22,6 @@ from .conftest import skip_unless_served
 
 BOUND = 20.0
 
-#: Stores whose owner records, holder lists and weights have landed (the others follow).
-LANDED = {"memory"}
-
-
-@pytest.fixture(autouse=True)
-def _landed(store_name: str) -> None:
-    if store_name not in LANDED:
-        pytest.skip(f"{store_name}: owner records and weights not landed yet")
-
 
 def leases_expire(client: LockClient) -> bool:
     return not client.backend.capabilities & Capability.SESSION_BOUND
@@ -284,7 +275,8 @@ def test_taking_several_permits_at_once(make_client: Callable[..., LockClient]) 
         with other.semaphore("s", permits=3):
             assert other.permits("s") == (3, 3)
         assert two.permits == 3
-    assert one.permits("s") == (3, 0)
+    # ZooKeeper forgets a semaphore's number once nobody holds or waits (no node stays).
+    assert one.permits("s") in ((3, 0), (None, 0))
 
 
 def test_a_release_of_several_permits_lets_several_waiters_in(make_client: Callable[..., LockClient]) -> None:
