@@ -110,12 +110,12 @@ def read_write(client: LockClient) -> None:
             if name != "r3":
                 inside.wait()  # r1 and r2 hold the read lock at the same time
                 go.wait(10)
-        events.append(f"{name} done")
+            events.append(f"{name} done")  # still inside: the release comes after it
 
     def writer() -> None:
         with rw.write(wait=10):
             events.append("w writes")
-        events.append("w done")
+            events.append("w done")
 
     def waiting() -> int:  # waiters queued on the key, as an operator sees them
         return sum(state.waiters for state in client.backend.describe("config"))

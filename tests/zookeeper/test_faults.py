@@ -272,7 +272,7 @@ def test_a_pause_longer_than_the_session_loses_the_lock_before_anyone_else_gets_
     token, and holds it alone."""
     told = Told()
     holder = make(own_zk, "?session_timeout=1", observers=[told])
-    waiter = make(own_zk, "?session_timeout=1")
+    waiter = make(own_zk, "?session_timeout=4")  # outlives the pause: only the holder expires
     raw = connect(own_zk)
     taken: list[tuple[float, int, list[str]]] = []
     errors: list[BaseException] = []
