@@ -286,3 +286,19 @@ def test_a_lock_over_tls_against_a_plain_server_names_tls(guarded: LockServer) -
         client.lock("k").__enter__()
     assert "TLS handshake failed" in str(info.value)
     assert "redis://" in str(info.value)
+
+
+def test_check_on_a_cluster_and_a_sentinel_setup(valkey_cluster: Any, valkey_sentinel: Any) -> None:
+    for url in (valkey_cluster.url, valkey_sentinel.url):
+        with LockClient.from_url(url, check=True) as client:
+            asyncio.run(client.acheck())
+
+
+def test_check_of_redlock_wants_a_quorum(guarded: LockServer, lock_server: LockServer) -> None:
+    good = [f"redis://locker:secret@127.0.0.1:{guarded.port}/{db}" for db in (0, 1)]
+    with LockClient.from_urls([*good, lock_server.url], check=True) as client:
+        client.check()
+    with pytest.raises(BackendError, match="only 1 of 3 RedLock servers answered"):
+        LockClient.from_urls([good[0], "redis://127.0.0.1:1/0", "redis://127.0.0.1:2/0"], check=True)
+    with pytest.raises(ConfigurationError, match="fewer databases"):
+        LockClient.from_urls([*good, f"redis://127.0.0.1:{guarded.port}/9"], check=True)
