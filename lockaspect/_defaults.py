@@ -86,6 +86,18 @@ def layered(client_defaults: Mapping[str, Any]) -> Mapping[str, Any]:
 _layers: dict[int, tuple[Mapping[str, Any], Mapping[str, Any], Mapping[str, Any]]] = {}
 
 
+#: What a transaction-scoped lock takes of the defaults: it has no lease, watchdog, hook or
+#: executor, so a default of those is for the other locks and is left out.
+_TRANSACTION: Final = frozenset({"wait", "on_failure", "wait_strategy"})
+
+
+def for_scope(defaults: Mapping[str, Any], scope: object) -> Mapping[str, Any]:
+    """The ``defaults`` that apply to a lock of ``scope``."""
+    if scope != "transaction" or not defaults:
+        return defaults
+    return {name: value for name, value in defaults.items() if name in _TRANSACTION}
+
+
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 

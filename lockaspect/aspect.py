@@ -113,7 +113,10 @@ class _LockAspect:
                 raise ConfigurationError(
                     f"unknown lock policy {self._policy!r} for {self._names.qualname}() (known: {known})"
                 )
-        checked = options.check(options.merge({**defaults, **(policy or {})}, self._explicit))
+        scope = self._explicit.get("scope", (policy or {}).get("scope"))
+        checked = options.check(
+            options.merge({**_defaults.for_scope(defaults, scope), **(policy or {})}, self._explicit)
+        )
         spec = options.spec_of(checked)
         key, keys = checked["key"], checked["keys"]
         multi: tuple[KeyTemplate, ...] = ()

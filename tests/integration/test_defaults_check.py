@@ -302,3 +302,20 @@ def test_check_of_redlock_wants_a_quorum(guarded: LockServer, lock_server: LockS
         LockClient.from_urls([good[0], "redis://127.0.0.1:1/0", "redis://127.0.0.1:2/0"], check=True)
     with pytest.raises(ConfigurationError, match="fewer databases"):
         LockClient.from_urls([*good, f"redis://127.0.0.1:{guarded.port}/9"], check=True)
+
+
+def test_a_transaction_scoped_lock_takes_only_the_defaults_that_apply_to_it(
+    make_client: Callable[..., LockClient],
+) -> None:
+    """It has no lease, watchdog, hook or executor: such defaults are for the other locks and
+    do not make its decoration fail (given explicitly, they still do)."""
+    client = make_client(defaults={"lease": 30, "max_hold": 60, "on_lost": print, "on_failure": answer("d")})
+    configure(defaults={"delay_weight": 0.5, "wait": 1.5})
+
+    @distributed_lock(key="t:<n>", client=client, scope="transaction", connection="conn")
+    def in_transaction(conn: object, n: int) -> None: ...
+
+    with pytest.raises(ConfigurationError, match="scope='transaction' cannot take lease="):
+
+        @distributed_lock(key="t:<n>", client=client, scope="transaction", connection="conn", lease=30)
+        def explicit(conn: object, n: int) -> None: ...
