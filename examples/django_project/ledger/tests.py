@@ -77,7 +77,7 @@ class DepositTests(TransactionTestCase):
     def test_a_stale_token_writes_nothing(self) -> None:
         with client().lock("account:dave") as paused:  # a holder that will wake up too late
             stale = paused.fencing_token
-        balance, newer = deposit("dave", 5)
+        _, newer = deposit("dave", 5)
         self.assertGreater(newer, stale)
         self.assertFalse(fenced_update("dave", stale, balance=999))
         self.assertEqual(Account.objects.get(pk="dave").balance, 5)
@@ -124,6 +124,7 @@ class ApplyInterestTests(TransactionTestCase):
 
     def test_a_second_run_is_refused_while_one_runs(self) -> None:
         Account.objects.create(name="gina", balance=1000)
+
         def run() -> None:
             call_command("apply_interest", stdout=StringIO())
 

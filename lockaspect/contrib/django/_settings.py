@@ -91,7 +91,7 @@ def _read(value: object, *, instantiate: bool) -> tuple[LockaspectSettings | Non
     check = value.get("CHECK", False)
     if not isinstance(check, bool):
         problems.append(f"{_name('CHECK')} must be True or False, got {check!r}")
-    if url is None:
+    if url is None and value.get("URL") is None:
         given = [key for key in ("OBSERVERS", "OPTIONS", "CHECK") if value.get(key)]
         if given:
             problems.append(
@@ -137,9 +137,8 @@ def _defaults(value: object, problems: list[str]) -> dict[str, Any] | None:
         return None
     unknown = sorted(str(name) for name in value if name not in DEFAULT_FIELDS)
     if unknown:
-        problems.append(
-            f"{_name('DEFAULTS')} has unknown option(s) {', '.join(unknown)}; allowed: {', '.join(sorted(DEFAULT_FIELDS))}"
-        )
+        allowed = ", ".join(sorted(DEFAULT_FIELDS))
+        problems.append(f"{_name('DEFAULTS')} has unknown option(s) {', '.join(unknown)}; allowed: {allowed}")
         return None
     try:
         return _options.check_policy(dict(value), toml=False)
@@ -168,7 +167,7 @@ def _observers(value: object, problems: list[str], *, instantiate: bool) -> tupl
                     continue
                 try:
                     item = item()
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 - reported as a problem of the setting, with its type
                     problems.append(f"{where}: {item.__qualname__}() raised {type(exc).__name__}: {exc}")
                     continue
         if not callable(item):

@@ -83,8 +83,7 @@ def configure_from(read: LockaspectSettings) -> LockClient | None:
             client = LockClient.from_url(read.url, observers=read.observers, **read.options)
         except (ConfigurationError, TypeError, ValueError) as exc:
             raise ImproperlyConfigured(
-                'settings.LOCKASPECT["URL"] and ["OPTIONS"]: cannot build the lock client: '
-                f"{type(exc).__name__}: {exc}"
+                f'settings.LOCKASPECT["URL"] and ["OPTIONS"]: cannot build the lock client: {type(exc).__name__}: {exc}'
             ) from exc
     try:
         config.configure(client, policies=read.policies, defaults=read.defaults)
