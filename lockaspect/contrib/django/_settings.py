@@ -11,7 +11,7 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
-from ... import options as _options
+from ..._defaults import check_defaults
 from ...config import ENV_URL, _parse_policies
 from ...errors import ConfigurationError, KeyTemplateError
 
@@ -19,9 +19,6 @@ __all__ = ["KEYS", "LockaspectSettings", "read_settings", "setting_problems"]
 
 #: The keys ``settings.LOCKASPECT`` may have.
 KEYS = ("URL", "POLICIES", "DEFAULTS", "OBSERVERS", "OPTIONS", "CHECK")
-#: The decorator options ``DEFAULTS`` may set: a policy's, but no key (a default key would
-#: make every decorated function share one lock).
-DEFAULT_FIELDS = frozenset(_options.POLICY_FIELDS - {"key"})
 
 Observer = Callable[[Any], object]
 
@@ -132,18 +129,10 @@ def _policies(value: object, problems: list[str]) -> dict[str, dict[str, Any]] |
 def _defaults(value: object, problems: list[str]) -> dict[str, Any] | None:
     if value is None:
         return None
-    if not isinstance(value, Mapping):
-        problems.append(f"{_name('DEFAULTS')} must be a dict of decorator options, got {type(value).__name__}")
-        return None
-    unknown = sorted(str(name) for name in value if name not in DEFAULT_FIELDS)
-    if unknown:
-        allowed = ", ".join(sorted(DEFAULT_FIELDS))
-        problems.append(f"{_name('DEFAULTS')} has unknown option(s) {', '.join(unknown)}; allowed: {allowed}")
-        return None
     try:
-        return _options.check_policy(dict(value), toml=False)
+        return dict(check_defaults(value, _name("DEFAULTS")))
     except (ConfigurationError, KeyTemplateError, TypeError) as exc:
-        problems.append(f"{_name('DEFAULTS')}: {exc}")
+        problems.append(str(exc))
         return None
 
 
