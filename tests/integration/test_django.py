@@ -173,6 +173,7 @@ def finish(process: subprocess.Popen[str]) -> tuple[int, str]:
 CHECKS = """
 import json, django
 django.setup()
+from django.apps import apps
 from django.test import override_settings
 from lockaspect import LockClient, configure
 from lockaspect.contrib.django.checks import check_settings, check_store
@@ -183,6 +184,11 @@ with override_settings(LOCKASPECT={"URL": 5, "DEFAULTS": {"wait": -1}}):
     found["bad"] = ids(check_settings())
 configure(LockClient.from_url("redis://127.0.0.1:%d/0" % int(__import__("sys").argv[1])))
 found["unreachable"] = ids(check_store())
+app = apps.get_app_config("lockaspect")
+built = app.client
+app.close_client()
+app.close_client()
+found["closed"] = [built.closed, app.client is None]
 print(json.dumps(found))
 """
 
@@ -245,3 +251,4 @@ def test_the_system_checks(runs: dict[str, tuple[int, str]]) -> None:
     [(message_id, message)] = found["unreachable"]
     assert message_id == "lockaspect.E002"
     assert "the lock store failed its check" in message
+    assert found["closed"] == [True, True]  # close_client() closes the app's client, twice is fine
