@@ -26,11 +26,11 @@ import contextlib
 import logging
 import math
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any, TypeVar, overload
 
-from starlette.requests import HTTPConnection
+from starlette.requests import HTTPConnection, Request
 from starlette.responses import JSONResponse, Response
 
 from lockaspect import config as _config
@@ -39,6 +39,7 @@ from lockaspect.errors import ConfigurationError, LockLost, LockNotAcquired
 
 __all__ = [
     "ExceptionHandler",
+    "ExceptionHandlers",
     "exception_handlers",
     "lockaspect_lifespan",
     "make_exception_handlers",
@@ -50,8 +51,13 @@ log = logging.getLogger("lockaspect.contrib.starlette")
 AppT = TypeVar("AppT")
 StateT = TypeVar("StateT")
 
-#: The type of the handlers: Starlette's and FastAPI's ``exception_handlers`` accept it.
-ExceptionHandler = Callable[[HTTPConnection, Exception], Awaitable[Response]]
+#: The type of the handlers, as FastAPI spells it (Starlette's is wider). They also answer a
+#: WebSocket's handshake: Starlette sends the response as a denial, where the server can.
+ExceptionHandler = Callable[[Request, Any], Coroutine[Any, Any, Response]]
+#: The type of the mapping: what ``FastAPI(exception_handlers=...)`` takes (its keys may be
+#: status codes too), and so what ``Starlette(...)`` and ``app.exception_handlers.update``
+#: take.
+ExceptionHandlers = dict[int | type[Exception], ExceptionHandler]
 
 
 def retry_after(seconds: float | None, *, default: float = 1.0, maximum: float | None = None) -> int:
@@ -95,7 +101,7 @@ def make_exception_handlers(
     max_retry_after: float | None = None,
     lost_retry_after: float = 1.0,
     include_key: bool = True,
-) -> dict[type[Exception], ExceptionHandler]:
+) -> ExceptionHandlers:
     """Exception handlers that answer lockaspect's lock errors with a proper HTTP status.
 
     Pass the result to ``Starlette(exception_handlers=...)``/``FastAPI(exception_handlers=...)``
@@ -167,7 +173,7 @@ def _method(conn: HTTPConnection) -> str:
 
 
 #: ``make_exception_handlers()``: 409 with ``Retry-After`` for a busy lock, 503 for a lost one.
-exception_handlers: dict[type[Exception], ExceptionHandler] = make_exception_handlers()
+exception_handlers: ExceptionHandlers = make_exception_handlers()
 
 
 @overload
@@ -240,7 +246,8 @@ def lockaspect_lifespan(
         client: A client you built; then no ``url`` or client options.
         url: The store's URL (see :meth:`LockClient.from_url`); default ``$LOCKASPECT_URL``,
             read at start-up.
-        policies: Named lock policies for :func:`lockaspect.configure`.
+        policies: Named lock policies for :func:`lockaspect.configure` (configured also
+            with ``set_default=False``; they replace the policies configured before).
         check: Check the store at start-up (default).
         set_default: Make the client the process-wide default (default). The default is
             per process: run one such app per process, or pass ``client=`` to the decorators.
