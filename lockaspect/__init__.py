@@ -11,6 +11,7 @@ See the documentation in ``docs/`` for the guarantees (lease, fencing token, los
 signal) and what a lease lock cannot promise.
 """
 
+from ._defaults import KeyTemplateWarning as KeyTemplateWarning
 from .aspect import FailureContext as FailureContext
 from .aspect import distributed_lock as distributed_lock
 from .aspect import distributed_semaphore as distributed_semaphore
@@ -39,6 +40,7 @@ __all__ = [
     "FailureContext",
     "Holder",
     "KeyTemplateError",
+    "KeyTemplateWarning",
     "Lease",
     "LockClient",
     "LockError",

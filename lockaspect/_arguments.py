@@ -10,12 +10,13 @@ This module does no I/O and knows nothing about templates or stores.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import re
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
-__all__ = ["RESERVED_NAMES", "ArgumentNames"]
+__all__ = ["RESERVED_NAMES", "ArgumentNames", "name_after"]
 
 #: Names every template may use besides the parameters (a parameter of the same name wins).
 RESERVED_NAMES: Final = frozenset({"args", "kwargs", "func"})
@@ -166,3 +167,16 @@ class ArgumentNames:
             elif param.kind is inspect.Parameter.VAR_KEYWORD:
                 values.update(names[param.name])
         return values
+
+
+def name_after(wrapper: Callable[..., Any], target: Any) -> None:
+    """Give ``wrapper`` the ``__name__`` and ``__qualname__`` of ``target`` (of the function
+    inside, for a ``functools.partial``), so the coroutines it creates carry them."""
+    while isinstance(target, functools.partial):
+        target = target.func
+    name = getattr(target, "__name__", None)
+    qualname = getattr(target, "__qualname__", name)
+    if isinstance(name, str):
+        wrapper.__name__ = name
+    if isinstance(qualname, str):
+        wrapper.__qualname__ = qualname

@@ -10,7 +10,6 @@ Everything that can be checked without a call is checked when the decorator is a
 
 from __future__ import annotations
 
-import functools
 import inspect
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
@@ -19,7 +18,8 @@ from typing import Any, TypeVar, cast
 
 import wrapt
 
-from . import config, options
+from . import _defaults, config, options
+from ._arguments import name_after
 from .blocks import arun_multi, run_multi
 from .client import LockClient
 from .errors import ConfigurationError, KeyTemplateError, LockNotAcquired
@@ -70,6 +70,8 @@ class _Resolved:
     xact: ConnectionPlan | None = None
     #: What the owner record names (lockaspect.owner): the function and its key template(s).
     origin: Origin = ("?", None)
+    #: The defaults merged in (their identity tells when the call's client has others).
+    defaults: Mapping[str, Any] | None = None
 
     @property
     def multi(self) -> bool:
@@ -87,15 +89,19 @@ class _LockAspect:
         self._names = ArgumentNames(function)
         self._resolved: _Resolved | None = None
 
-    def resolve(self, *, at_call: bool) -> _Resolved | None:
-        """Merge defaults < policy < explicit options and check them all.
+    def resolve(self, *, at_call: bool, client: LockClient | None = None) -> _Resolved | None:
+        """Merge the library's defaults < configure()'s < the client's < the policy's < the
+        explicit options and check them all (``client``: the one the call uses).
 
         At decoration a policy that is not configured yet is left for the first call,
         unless policies are configured and this one is not among them.
         """
         generation = config.generation()
         resolved = self._resolved
-        if resolved is not None and resolved.generation == generation:
+        if client is None and not at_call:
+            client = config._client
+        defaults = _defaults.layered(client.defaults if client is not None else _defaults.EMPTY)
+        if resolved is not None and resolved.generation == generation and resolved.defaults is defaults:
             return resolved
         policy = None
         if self._policy is not None:
@@ -107,7 +113,7 @@ class _LockAspect:
                 raise ConfigurationError(
                     f"unknown lock policy {self._policy!r} for {self._names.qualname}() (known: {known})"
                 )
-        checked = options.check(options.merge(policy, self._explicit))
+        checked = options.check(options.merge({**defaults, **(policy or {})}, self._explicit))
         spec = options.spec_of(checked)
         key, keys = checked["key"], checked["keys"]
         multi: tuple[KeyTemplate, ...] = ()
@@ -123,14 +129,13 @@ class _LockAspect:
             key_fn = None
         elif isinstance(key, str):
             template, key_fn = KeyTemplate.parse(key, names=self._names), None
+            if not at_call:
+                _defaults.template_hint(key, template.names, self._names.parameters, self._names.qualname)
         else:
             template, key_fn = None, key
         on_failure = checked["on_failure"]
         executor_set = checked["executor"] is not None  # "inline" overrides the client's executor
         executor = check_executor(checked["executor"])
-        client = self.client
-        if client is None and not at_call:
-            client = config._client
         if client is None:
             options.check_margin(spec, None, None)
         else:
@@ -155,6 +160,7 @@ class _LockAspect:
             keys_fn,
             xact,
             origin,
+            defaults,
         )
         self._resolved = resolved
         return resolved
@@ -201,10 +207,10 @@ class _LockAspect:
         return check_key(key)
 
     def prepare(
-        self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self, client: LockClient | None, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[_Resolved, Any, dict[str, Any]]:
         """Per call, before any I/O: the options, the bound arguments and the rendered key."""
-        resolved = self.resolve(at_call=True)
+        resolved = self.resolve(at_call=True, client=client)
         assert resolved is not None
         if instance is None:
             # No instance: a function, a staticmethod, or (Python 3.13+, where classmethod no
@@ -234,7 +240,7 @@ class _LockAspect:
     def __call__(
         self, wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
-        resolved, key, names = self.prepare(instance, args, kwargs)
+        resolved, key, names = self.prepare(self.client or config._client, instance, args, kwargs)
         client = self.client or config.default_client()
         origin = ORIGIN.set((resolved.origin, key))
         try:
@@ -255,7 +261,7 @@ class _LockAspect:
     async def acall(
         self, wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
-        resolved, key, names = self.prepare(instance, args, kwargs)
+        resolved, key, names = self.prepare(self.client or config._client, instance, args, kwargs)
         client = self.client or config.default_client()
         origin = ORIGIN.set((resolved.origin, key))
         try:
@@ -413,7 +419,7 @@ def _decorator(key: Any, client: Any, policy: Any, **given: Any) -> Callable[[F]
                 "task on the running event loop"
             )
         aspect = _LockAspect(target, explicit, client)
-        aspect.resolve(at_call=False)
+        aspect.resolve(at_call=False, client=client)
 
         if is_async:
 
@@ -425,7 +431,7 @@ def _decorator(key: Any, client: Any, policy: Any, **given: Any) -> Callable[[F]
             # A call returns the coroutine of this function, which takes its __name__ and
             # __qualname__ from it: name it after the decorated function (a new function
             # per decoration), so "coroutine 'Jobs.run' was never awaited" says whose.
-            _name_after(async_wrapper, target)
+            name_after(async_wrapper, target)
             return cast(F, wrapt.decorator(async_wrapper)(function))
 
         @wrapt.decorator
@@ -435,19 +441,6 @@ def _decorator(key: Any, client: Any, policy: Any, **given: Any) -> Callable[[F]
         return cast(F, wrapper(function))
 
     return decorate
-
-
-def _name_after(wrapper: Callable[..., Any], target: Any) -> None:
-    """Give ``wrapper`` the ``__name__`` and ``__qualname__`` of ``target`` (of the function
-    inside, for a ``functools.partial``), so the coroutines it creates carry them."""
-    while isinstance(target, functools.partial):
-        target = target.func
-    name = getattr(target, "__name__", None)
-    qualname = getattr(target, "__qualname__", name)
-    if isinstance(name, str):
-        wrapper.__name__ = name
-    if isinstance(qualname, str):
-        wrapper.__qualname__ = qualname
 
 
 def distributed_semaphore(

@@ -9,11 +9,11 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Executor
 from typing import Any
 
-from . import _policy, _scope
+from . import _defaults, _policy, _scope
 from .backends.base import Capability, Store
 from .blocks import LockBlock, MultiLockBlock, RWLock
 from .engine.aio import AsyncRunner
@@ -21,6 +21,7 @@ from .engine.core import Engine
 from .engine.sync import SyncRunner
 from .errors import ConfigurationError
 from .executor import check_executor
+from .factories import Factories, _check_owner_info
 from .keys import check_key, check_keys
 from .manual import Manual, weighted
 from .observe import ClientStats, LogObserver, Observer, Observers, StatsObserver
@@ -35,7 +36,7 @@ __all__ = ["ClientStats", "LockClient", "LockSpec"]
 _clients: weakref.WeakSet[LockClient] = weakref.WeakSet()
 
 
-class LockClient(Operations, Manual):
+class LockClient(Factories, Operations, Manual):
     """A connection to one lock store, with its timer, watchdog and default executor.
 
     Create one per store and process (usually through :meth:`from_url`) and share it: it
@@ -61,6 +62,13 @@ class LockClient(Operations, Manual):
         owner_info: Record who holds each lock with the hold (host, pid, thread or task,
             decorated function and key template, time), for :meth:`describe` and
             ``lockaspect list``. Default ``True``; ``False`` records nothing.
+        defaults: Defaults for the options of the functions decorated to lock through this
+            client, e.g. ``{"wait": 2.0, "on_failure": answer_busy}``: ``lease``,
+            ``delay_weight``, ``wait``, ``max_hold``, ``on_failure``, ``on_lost``,
+            ``executor``, ``wait_strategy``. Precedence: the decorator's options > its
+            policy > these > ``configure(defaults=...)`` > the library's. ``client.lock()``
+            and the other calls are not affected: their options are their arguments.
+            Checked here (:class:`TypeError`, :class:`ConfigurationError`).
         clock: Monotonic clock, injectable for tests (a :class:`~lockaspect.testing.ManualClock`).
 
     The operator tools (:meth:`describe`, :meth:`held_locks`, :meth:`locked`,
@@ -80,9 +88,11 @@ class LockClient(Operations, Manual):
         wait_replicas: tuple[int, float] | None = None,
         observers: Iterable[Observer] | None = None,
         owner_info: bool = True,
+        defaults: Mapping[str, Any] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         _check_owner_info(owner_info)
+        self.defaults = _defaults.check_defaults(defaults, "LockClient")
         lease, tick_s, weight = _policy.client_settings(watchdog_lease, tick, delay_weight)
         users = Observers.check(observers)
         replicated = _policy.check_wait_replicas(wait_replicas, None)
@@ -110,110 +120,6 @@ class LockClient(Operations, Manual):
         self._sync = engine.sync = SyncRunner(engine)
         self._async = engine.aio = AsyncRunner(engine)
         _clients.add(self)
-
-    @classmethod
-    def from_url(
-        cls,
-        url: str,
-        *,
-        namespace: str = "lockaspect:",
-        watchdog_lease: float = 30.0,
-        tick: float = 0.1,
-        delay_weight: float | None = None,
-        executor: Executor | str | None = None,
-        wait_replicas: tuple[int, float] | None = None,
-        observers: Iterable[Observer] | None = None,
-        owner_info: bool = True,
-        **redis_options: Any,
-    ) -> LockClient:
-        """A client for the lock store ``url`` names: a Redis or Valkey server, or this
-        process's memory.
-
-        The store is opened by :func:`lockaspect.backends.open_store`, which picks the
-        factory registered for the URL's scheme (entry points of the group
-        ``lockaspect.stores``, or :func:`~lockaspect.backends.register_store`).
-
-        Args:
-            url: ``redis://[[user]:password@]host[:port][/db]``, ``rediss://`` for TLS, or
-                ``unix:///path/to/socket[?db=0]``: query parameters are passed to redis-py.
-                ``redis+cluster://``, ``redis+sentinel://``: see docs/stores/redis.md.
-                ``memory://``: a store in this process's memory, private to this client, or
-                ``memory://<name>``: shared by every client of that name in this process
-                (for tests of single-process code: see
-                :mod:`lockaspect.backends.memory`; it takes no options).
-            namespace: Prefix of every key the client writes. Must not contain ``{``/``}``
-                (Redis). The other settings: see :class:`LockClient`.
-            **redis_options: Passed to the store's factory; for Redis to
-                ``redis.Redis.from_url`` (``socket_timeout`` defaults to 2 s; redis-py's own
-                command retries are switched off, because whether a lock command may be
-                repeated is lockaspect's decision).
-
-        Raises:
-            ConfigurationError: at once, before any connection is made, for an unknown
-                scheme (listing the registered ones), a malformed URL (bad port or db) or an
-                option the store would not accept (for Redis naming it, with the closest
-                allowed name and the allowed ones).
-        """
-        from .backends import open_store
-
-        _check_owner_info(owner_info)  # before the store is opened
-        settings = {"watchdog_lease": watchdog_lease, "tick": tick, "delay_weight": delay_weight}
-        return cls._on(
-            open_store(url, namespace=namespace, **redis_options),
-            **settings,
-            executor=executor,
-            wait_replicas=wait_replicas,
-            observers=observers,
-            owner_info=owner_info,
-        )
-
-    @classmethod
-    def from_urls(
-        cls,
-        urls: Sequence[str],
-        *,
-        namespace: str = "lockaspect:",
-        watchdog_lease: float = 30.0,
-        tick: float = 0.1,
-        delay_weight: float | None = None,
-        executor: Executor | str | None = None,
-        observers: Iterable[Observer] | None = None,
-        owner_info: bool = True,
-        **redis_options: Any,
-    ) -> LockClient:
-        """A client whose locks are RedLock locks over several independent servers.
-
-        A lock is held when a majority of the servers granted it within its validity time
-        (the lease minus the time the requests took minus a clock-drift allowance of 1% +
-        2 ms); otherwise it is released on every server. Renewals count when a majority
-        renewed; releases go to every server; waiters poll (random, PTTL-bounded delays).
-        Read docs/concepts/redlock.md before relying on it: it assumes bounded clock drift
-        and pauses, and its fencing tokens are not strictly increasing.
-
-        Args:
-            urls: At least 3 server URLs (5 is usual: it survives 2 servers down), each an
-                independent master, not a replica of another.
-            redis_options: As for :meth:`from_url`; ``socket_timeout`` and
-                ``socket_connect_timeout`` default to 0.25 s here, so a dead server costs
-                little.
-
-        Only plain locks work on such a client; the other kinds raise
-        :class:`ConfigurationError` when used, before any I/O.
-        """
-        from .backends import open_redlock
-
-        settings = {"watchdog_lease": watchdog_lease, "tick": tick, "delay_weight": delay_weight}
-        store = open_redlock(urls, namespace=namespace, **redis_options)
-        return cls._on(store, **settings, executor=executor, observers=observers, owner_info=owner_info)
-
-    @classmethod
-    def _on(cls, store: Store, **settings: Any) -> LockClient:
-        """A client on ``store``, which is closed if the settings are refused."""
-        try:
-            return cls(store, **settings)
-        except BaseException:
-            store.close()
-            raise
 
     # -- public API -------------------------------------------------------------------
 
@@ -429,11 +335,6 @@ class LockClient(Operations, Manual):
     def __repr__(self) -> str:
         state = "closed" if self.closed else "open"
         return f"<LockClient {type(self.backend).__name__} watchdog_lease={self.watchdog_lease:g}s {state}>"
-
-
-def _check_owner_info(owner_info: object) -> None:
-    if not isinstance(owner_info, bool):
-        raise TypeError(f"owner_info must be a bool, got {type(owner_info).__name__}")
 
 
 def _transaction_block(client: LockClient, key: str, spec: LockSpec, scope: object, connection: Any) -> LockBlock:

@@ -5,13 +5,15 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from . import _defaults
 from . import options as _options
 from .client import LockClient
 from .errors import ConfigurationError, KeyTemplateError
+from .observe import Observer, Observers
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -31,6 +33,7 @@ _client: LockClient | None = None
 _owned = False  # built by us (from a URL), so ours to close when replaced
 _policies: dict[str, dict[str, Any]] = {}
 _generation = 0
+_observers: list[Observer] | None = None  # configure(observers=...) alone: for the client built from the environment
 
 
 def configure(
@@ -38,6 +41,9 @@ def configure(
     *,
     url: str | None = None,
     policies: Mapping[str, Mapping[str, Any]] | str | os.PathLike[str] | None = None,
+    defaults: Mapping[str, Any] | None = None,
+    observers: Iterable[Observer] | None = None,
+    check: bool = False,
 ) -> LockClient | None:
     """Set the process-wide default client and/or the named lock policies.
 
@@ -51,6 +57,17 @@ def configure(
             ``executor``, ``wait_strategy``, ``fair`` and ``mode`` (:data:`POLICY_FIELDS`);
             values are checked here. TOML has no null, so write
             ``lease = "watchdog"``, ``wait = "forever"`` and ``max_hold = "none"`` for ``None``.
+        defaults: Process-wide defaults of the decorator's options (``lease``,
+            ``delay_weight``, ``wait``, ``max_hold``, ``on_failure``, ``on_lost``,
+            ``executor``, ``wait_strategy``), e.g. ``{"wait": 2.0}``, for every decorated
+            function whatever its client. Precedence: the decorator's options > its policy >
+            its client's ``defaults=`` > these > the library's defaults. Replaces the
+            defaults configured before; ``{}`` clears them.
+        observers: Observers of the client this call builds from ``url`` (or, given alone,
+            of the default client built later from ``LOCKASPECT_URL``); a client you pass
+            in has its own.
+        check: Run :meth:`LockClient.check` on the client built from ``url`` before it
+            becomes the default: a misconfigured store fails here, at start-up.
 
     Returns:
         The default client now configured (``None`` if there is none yet).
@@ -62,19 +79,38 @@ def configure(
     Configure policies before importing the modules whose decorators use them to get
     their errors at import time; otherwise they are checked at the first call.
     """
-    global _client, _owned, _policies, _generation
+    global _client, _owned, _policies, _generation, _observers
     if client is not None and url is not None:
         raise ConfigurationError("pass either client or url to configure(), not both")
     if client is not None and not isinstance(client, LockClient):
         raise TypeError(f"client must be a LockClient, got {type(client).__name__}")
+    if client is not None and observers is not None:
+        raise ConfigurationError(
+            "configure(client, observers=...): a client you build has its own observers: "
+            "LockClient(..., observers=[...]) or LockClient.from_url(url, observers=[...])"
+        )
+    if check and url is None:
+        raise ConfigurationError(
+            "configure(check=True) checks the client it builds from url=: give url= (or call client.check())"
+        )
+    watchers = None if observers is None else Observers.check(observers)
     parsed = None if policies is None else _parse_policies(policies)
-    new_client = LockClient.from_url(url) if url is not None else client
+    process_defaults = None if defaults is None else _defaults.check_defaults(defaults, "configure()")
+    new_client = None
+    if url is not None:
+        new_client = LockClient.from_url(url, observers=watchers if watchers is not None else _observers, check=check)
+    elif client is not None:
+        new_client = client
     with _lock:
         old, old_owned = _client, _owned
         if new_client is not None:
             _client, _owned = new_client, url is not None
         if parsed is not None:
             _policies = parsed
+        if process_defaults is not None:
+            _defaults.set_process_defaults(process_defaults)
+        if watchers is not None and url is None:
+            _observers = watchers
         _generation += 1
         current = _client
     if new_client is not None and old is not None and old_owned and old is not new_client:
@@ -97,7 +133,7 @@ def default_client() -> LockClient:
                     "configure(client), pass client= to the decorator, or set the "
                     f"{ENV_URL} environment variable"
                 )
-            _client, _owned = LockClient.from_url(url), True
+            _client, _owned = LockClient.from_url(url, observers=_observers), True
         return _client
 
 

@@ -7,6 +7,7 @@ asyncio, on every store through its admin part
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
@@ -56,6 +57,37 @@ class Operations:
     backend: Any
     _engine: Engine
     _async: AsyncRunner
+    wait_replicas: tuple[int, float] | None
+
+    # -- the start-up check -------------------------------------------------------------------
+
+    def check(self) -> None:
+        """Fail now, not at the first lock: connect, authenticate, select the database, confirm
+        the permissions lockaspect needs and load its scripts.
+
+        On Redis and Valkey (each server of a Sentinel, Cluster or RedLock setup) it sends
+        ``PING``, checks every command the lock scripts and the store send with ``ACL DRYRUN``
+        (or ``redis.acl_check_cmd``) for the connection's user, and ``SCRIPT LOAD``s the
+        scripts; on the other stores it makes one ``describe`` round trip. It takes no lock
+        and writes no key. Web-framework helpers call it at start-up, and
+        ``LockClient.from_url(url, check=True)`` runs it at construction.
+
+        Raises:
+            ConfigurationError: something to change, with what to do: a TLS mismatch
+                (``rediss://`` against a plain server or the reverse), a wrong user name or
+                password, a database index the server does not have, a command the ACL
+                user may not run (named, with the ``ACL SETUSER`` rule that grants it).
+            BackendError: something to start or reach: nothing listens at the address, or no
+                answer in time (``transient`` is true).
+        """
+        namespace = getattr(self.backend, "namespace", "lockaspect:")
+        startup = importlib.import_module("lockaspect.doctor.startup")  # by name: the doctor sits above the client
+        startup.check_store(self.backend, namespace, wait_replicas=self.wait_replicas is not None)
+
+    async def acheck(self) -> None:
+        """:meth:`check` for asyncio code: the same checks, run in a worker thread on the
+        client's own (sync) connections, so the loop is never blocked."""
+        await asyncio.get_running_loop().run_in_executor(None, self.check)
 
     # -- the store's admin part ---------------------------------------------------------------
 

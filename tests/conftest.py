@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from lockaspect import LockClient, config
+from lockaspect import LockClient, _defaults, config
 from lockaspect.owner import parse_owner
 from lockaspect.testing import LockServer, ValkeyCluster, ValkeySentinel, find_server_binary
 
@@ -105,9 +105,10 @@ def raw(lock_server: LockServer) -> Iterator[Any]:
 @pytest.fixture(autouse=True)
 def _reset_configuration() -> Iterator[None]:
     """Leave the process-wide default client and policies as each test found them."""
-    saved = (config._client, config._owned, dict(config._policies))
+    saved = (config._client, config._owned, dict(config._policies), config._observers, _defaults.process_defaults)
     yield
-    config._client, config._owned, config._policies = saved[0], saved[1], saved[2]
+    config._client, config._owned, config._policies, config._observers = saved[:4]
+    _defaults.set_process_defaults(saved[4])
     config._generation += 1
 
 

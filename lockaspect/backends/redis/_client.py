@@ -49,7 +49,11 @@ def map_redis_error(exc: BaseException, key: str | None, action: str) -> Backend
         isinstance(exc, ResponseError)
         and str(exc).startswith(("LOADING", "BUSY", "TRYAGAIN", "MASTERDOWN", "READONLY", "CLUSTERDOWN"))
     )
-    return BackendError(f"{action}{what} failed: {type(exc).__name__}: {exc}", key=key, transient=transient)
+    hint = ""
+    cause = exc.__context__
+    if cause is not None and ("handshake" in str(cause) or "SSL" in type(cause).__name__ or "[SSL" in str(cause)):
+        hint = f" ({cause}: the TLS handshake failed; for a server without TLS use redis://, not rediss://)"
+    return BackendError(f"{action}{what} failed: {type(exc).__name__}: {exc}{hint}", key=key, transient=transient)
 
 
 def no_retry_client(url: str, **options: Any) -> redis.Redis:
