@@ -155,7 +155,14 @@ def serve(app: FastAPI) -> Iterator[str]:
     # log_config=None: leave the process's logging configuration alone.
     config = uvicorn.Config(app, lifespan="on", log_config=None, access_log=False, timeout_graceful_shutdown=5)
     server = _Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="uvicorn", daemon=True)
+
+    def run() -> None:
+        try:
+            server.run(sockets=[sock])
+        except SystemExit:  # how uvicorn ends a failed start-up (after logging why); raised below
+            pass
+
+    thread = threading.Thread(target=run, name="uvicorn", daemon=True)
     thread.start()
     try:
         server.startup_done.wait()

@@ -222,8 +222,9 @@ def lockaspect_lifespan(
 
     1. the client: ``client`` as given, or ``LockClient.from_url(url, **client_options)``
        with ``url`` defaulting to the ``LOCKASPECT_URL`` environment variable;
-    2. ``await client.acheck()`` (unless ``check=False``): connects, authenticates, selects the
-       database and loads the scripts, so a misconfigured store fails the start-up with a
+    2. ``await client.acheck()`` (unless ``check=False``; see :meth:`LockClient.check`):
+       connects, authenticates, selects the database, confirms the ACL permissions and loads
+       the scripts, so a misconfigured store fails the start-up with a
        :class:`~lockaspect.ConfigurationError` or :class:`~lockaspect.BackendError` that says
        what to fix, instead of failing requests later;
     3. ``lockaspect.configure(client, policies=policies)`` (unless ``set_default=False``): the

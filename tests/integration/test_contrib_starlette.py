@@ -27,8 +27,6 @@ from lockaspect.contrib.starlette import (
 )
 from lockaspect.testing import LockServer
 
-needs_acheck = pytest.mark.skipif(not hasattr(LockClient, "acheck"), reason="LockClient.acheck() is not there yet")
-
 
 @distributed_lock(key="job:<request.path_params['name']>")
 async def run_job(request: Request) -> JSONResponse:
@@ -76,7 +74,6 @@ def test_retry_after_rounds_up_to_whole_seconds_at_least_one() -> None:
     assert retry_after(0.4, maximum=5) == 1
 
 
-@needs_acheck
 def test_a_busy_lock_is_409_with_retry_after_from_the_holders_lease(
     make_app: Callable[..., Starlette], make_client: Callable[..., LockClient], caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -100,7 +97,6 @@ def test_a_busy_lock_is_409_with_retry_after_from_the_holders_lease(
     assert all(r.exc_info is None and r.levelno < logging.WARNING for r in caplog.records), caplog.text
 
 
-@needs_acheck
 def test_an_unknown_holder_lease_gives_the_default_retry_after(make_app: Callable[..., Starlette]) -> None:
     with TestClient(make_app()) as http:
         default = http.post("/unknown")
@@ -110,7 +106,6 @@ def test_an_unknown_holder_lease_gives_the_default_retry_after(make_app: Callabl
     assert (custom.status_code, custom.headers["retry-after"], custom.json()["retry_after"]) == (409, "5", 5)
 
 
-@needs_acheck
 @pytest.mark.parametrize("status", [423, 429])
 def test_the_busy_status_is_configurable(
     make_app: Callable[..., Starlette], make_client: Callable[..., LockClient], status: int
@@ -135,7 +130,6 @@ def test_bad_statuses_and_seconds_are_refused() -> None:
         make_exception_handlers(max_retry_after=float("inf"))
 
 
-@needs_acheck
 def test_a_lost_lock_is_503_not_500(make_app: Callable[..., Starlette], caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="lockaspect.contrib.starlette")
     with TestClient(make_app(), raise_server_exceptions=False) as http:
@@ -148,7 +142,6 @@ def test_a_lost_lock_is_503_not_500(make_app: Callable[..., Starlette], caplog: 
     assert record.exc_info is None
 
 
-@needs_acheck
 def test_fastapi_takes_the_handlers_by_update(lock_server: LockServer, make_client: Callable[..., LockClient]) -> None:
     client = make_client()
     app = FastAPI(lifespan=lockaspect_lifespan(client))
@@ -170,15 +163,15 @@ def test_fastapi_takes_the_handlers_by_update(lock_server: LockServer, make_clie
     assert client.closed
 
 
-@needs_acheck
 def test_the_lifespan_builds_checks_configures_and_closes(make_app: Callable[..., Starlette], namespace: str) -> None:
     policies = {"jobs.nightly": {"wait": 0.25}}
-    app = make_app(policies=policies, watchdog_lease=12.0)
+    app = make_app(policies=policies, watchdog_lease=12.0, defaults={"wait": 0.5})
     with TestClient(app) as http:
         client = app.state.lockaspect
         assert isinstance(client, LockClient)
         assert client.backend.namespace == namespace  # client options go to from_url
         assert client.watchdog_lease == 12.0
+        assert client.defaults == {"wait": 0.5}
         assert config.default_client() is client
         assert config.get_policy("jobs.nightly") == {"wait": 0.25}
         assert http.post("/jobs/a").json() == {"done": "a"}
@@ -187,7 +180,6 @@ def test_the_lifespan_builds_checks_configures_and_closes(make_app: Callable[...
     assert client.threads() == []
 
 
-@needs_acheck
 def test_a_client_passed_in_is_used_and_closed_unless_told(make_client: Callable[..., LockClient]) -> None:
     kept, closed = make_client(), make_client()
     for client, close in ((kept, False), (closed, True)):
@@ -200,7 +192,6 @@ def test_a_client_passed_in_is_used_and_closed_unless_told(make_client: Callable
     assert closed.closed
 
 
-@needs_acheck
 def test_the_apps_own_lifespan_runs_inside_and_its_state_comes_through(
     make_app: Callable[..., Starlette], make_client: Callable[..., LockClient]
 ) -> None:
@@ -225,7 +216,6 @@ def test_the_apps_own_lifespan_runs_inside_and_its_state_comes_through(
     assert app.state.lockaspect.closed
 
 
-@needs_acheck
 @pytest.mark.parametrize("passed_in", [False, True], ids=["url", "client"])
 def test_a_store_that_cannot_be_reached_fails_the_start_up(passed_in: bool) -> None:
     with LockServer() as gone:
@@ -234,12 +224,20 @@ def test_a_store_that_cannot_be_reached_fails_the_start_up(passed_in: bool) -> N
     lifespan = lockaspect_lifespan(client) if client is not None else lockaspect_lifespan(url=url)
     app = Starlette(routes=ROUTES, lifespan=lifespan)
     before = config._client
-    with pytest.raises((BackendError, ConfigurationError)), TestClient(app):
+    with pytest.raises(BackendError, match="nothing answers"), TestClient(app):
         pass
     assert config._client is before  # not made the default
     assert getattr(app.state, "lockaspect", None) is None
     if client is not None:
         assert client.closed  # closed on the failed start-up, as at shutdown
+
+
+def test_a_database_the_server_does_not_have_fails_the_start_up(lock_server: LockServer) -> None:
+    url = lock_server.url.rsplit("/", 1)[0] + "/999"
+    app = Starlette(routes=ROUTES, lifespan=lockaspect_lifespan(url=url))
+    with pytest.raises(ConfigurationError, match="999"), TestClient(app):
+        pass
+    assert getattr(app.state, "lockaspect", None) is None
 
 
 def test_without_a_url_the_start_up_fails(monkeypatch: pytest.MonkeyPatch) -> None:

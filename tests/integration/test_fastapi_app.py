@@ -132,8 +132,6 @@ def test_unknown_order_is_404_and_a_bad_body_is_422(served: Served) -> None:
 def test_the_app_does_not_start_on_a_store_it_cannot_reach() -> None:
     """lockaspect_lifespan checks the store at start-up: uvicorn's start fails, no request is
     ever served."""
-    if not hasattr(LockClient, "acheck"):
-        pytest.skip("LockClient.acheck() is not there yet")
     with LockServer() as gone:
         url = gone.url
     app = orders_example.create_app(url=url)
