@@ -5,7 +5,7 @@
         409  {"error": "duplicate", "order": {...}}                  this user already ordered
         410  {"error": "sold out"}                                   no stock left
         423  {"error": "busy", "key": ...}, Retry-After              a lock stayed busy ("key" says which)
-        503  {"error": "lock lost"}, Retry-After                     the user's lock was lost meanwhile
+        503  {"error": "lock_lost", "reason": ...}, Retry-After      the user's lock was lost meanwhile
         404 / 400                                                    unknown voucher / bad body
     PUT /vouchers/{voucher}  {"stock": 10}    start a sale (200)
     GET /vouchers/{voucher}                   {"stock": n, "orders": {user_id: order}}
@@ -18,18 +18,21 @@ Two locks make two read-modify-writes safe across any number of workers and repl
   lifespan configures (``order_wait``); if the lock stays busy, the async ``on_failure``
   answers 423 (or 409 if the user has an order by then) instead of raising.
 * ``async with client.lock("stock:<voucher>")``: the stock is read, checked and written back
-  (GET, then SET) under the voucher's lock, so it is never oversold.
+  (GET, then SET) under the voucher's lock, so it is never oversold. If that lock stays busy,
+  the ``LockNotAcquired`` it raises goes to ``lockaspect.contrib.starlette``'s exception
+  handlers (made with ``busy_status=423``): 423 with a ``Retry-After`` from the holder's
+  remaining lease. A lock lost meanwhile (``LockLost``) becomes a 503 there.
 
-The lifespan builds the LockClient from ``LOCKASPECT_URL`` (or starts a throwaway server when
-that is unset), configures it as the decorators' default, and closes it with
-``await client.aclose()``.
+The lifespan takes the store from ``LOCKASPECT_URL`` (or starts a throwaway server when that
+is unset) and runs ``lockaspect_lifespan`` inside it, which builds the LockClient, checks the
+store, configures the client as the decorators' default and closes it at shutdown.
 
 Run it as a script: it drives itself through Starlette's TestClient (no web server needed),
 then runs a flash sale of concurrent requests on the app's event loop and checks that
 exactly the stock was sold, to distinct users. It exits non-zero if anything does not hold:
 
-    python examples/starlette_app.py
-    LOCKASPECT_URL=redis://127.0.0.1:6379/0 python examples/starlette_app.py
+    .venv/bin/python examples/starlette_app.py
+    LOCKASPECT_URL=redis://127.0.0.1:6379/0 .venv/bin/python examples/starlette_app.py
 
 Serve it for real with any ASGI server, e.g. ``uvicorn starlette_app:app`` from examples/.
 Needs ``pip install starlette httpx2`` (both are in the ``test`` extra).
@@ -43,11 +46,12 @@ import json
 import os
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import httpx2 as httpx
+import redis
 import redis.asyncio as aredis
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -58,12 +62,10 @@ from starlette.testclient import TestClient
 from lockaspect import (
     FailureContext,
     LockClient,
-    LockLost,
-    LockNotAcquired,
-    configure,
     current_lease,
     distributed_lock,
 )
+from lockaspect.contrib.starlette import lockaspect_lifespan, make_exception_handlers
 
 
 @dataclass(frozen=True)
@@ -111,24 +113,22 @@ async def place_order(shop: Shop, user_id: str, voucher: str) -> JSONResponse:
     existing = await shop.redis.hget(shop.orders_key(voucher), user_id)
     if existing is not None:
         return JSONResponse({"error": "duplicate", "order": json.loads(existing)}, 409)
-    try:
-        # The stock is shared by all users: a second, narrower lock for its read-modify-write.
-        async with shop.locks.lock(f"stock:{voucher}", wait=shop.stock_wait):
-            stock = await shop.redis.get(shop.stock_key(voucher))
-            if stock is None:
-                return JSONResponse({"error": "unknown voucher", "voucher": voucher}, 404)
-            left = int(stock)
-            if left <= 0:
-                return JSONResponse({"error": "sold out", "voucher": voucher}, 410)
-            # The fencing token of the user's lock goes into the order: it tells which lock
-            # holding wrote it, and is strictly larger for every later holding of order:<user_id>.
-            order = {"user_id": user_id, "voucher": voucher, "fencing_token": lease.fencing_token}
-            async with shop.redis.pipeline(transaction=True) as pipe:  # both writes or neither
-                pipe.set(shop.stock_key(voucher), left - 1)
-                pipe.hset(shop.orders_key(voucher), user_id, json.dumps(order))
-                await pipe.execute()
-    except LockNotAcquired as exc:
-        return busy(exc.key or f"stock:{voucher}", f"the stock of {voucher} stayed locked for {exc.waited:.2f}s")
+    # The stock is shared by all users: a second, narrower lock for its read-modify-write.
+    # If it stays busy for stock_wait, LockNotAcquired goes to the app's exception handler (423).
+    async with shop.locks.lock(f"stock:{voucher}", wait=shop.stock_wait):
+        stock = await shop.redis.get(shop.stock_key(voucher))
+        if stock is None:
+            return JSONResponse({"error": "unknown voucher", "voucher": voucher}, 404)
+        left = int(stock)
+        if left <= 0:
+            return JSONResponse({"error": "sold out", "voucher": voucher}, 410)
+        # The fencing token of the user's lock goes into the order: it tells which lock
+        # holding wrote it, and is strictly larger for every later holding of order:<user_id>.
+        order = {"user_id": user_id, "voucher": voucher, "fencing_token": lease.fencing_token}
+        async with shop.redis.pipeline(transaction=True) as pipe:  # both writes or neither
+            pipe.set(shop.stock_key(voucher), left - 1)
+            pipe.hset(shop.orders_key(voucher), user_id, json.dumps(order))
+            await pipe.execute()
     return JSONResponse({**order, "stock_left": left - 1}, 201)
 
 
@@ -175,13 +175,6 @@ async def get_voucher(request: Request) -> JSONResponse:
     )
 
 
-async def lock_lost(request: Request, exc: Exception) -> JSONResponse:
-    # The user's lock was lost before place_order finished (its lease ran out, or the store
-    # lost the key): lockaspect raises LockLost instead of returning as if the call had been
-    # safe. Whether the order was written is not known here; a retry answers 409 if it was.
-    return JSONResponse({"error": "lock lost", "detail": str(exc)}, 503, headers={"Retry-After": "1"})
-
-
 def create_app(
     *,
     url: str | None = None,
@@ -212,13 +205,16 @@ def create_app(
                 store = stack.enter_context(LockServer()).url
                 print(f"started a throwaway server on {store}")
             prefix = namespace or f"orders-{uuid.uuid4().hex[:8]}:"
-            locks = LockClient.from_url(store, namespace=prefix)
-            stack.push_async_callback(locks.aclose)  # this loop's connections, then the client
+            # The LockClient: built, checked (a wrong URL fails here), made the decorators'
+            # default along with the policy place_order takes its wait from, and closed with
+            # the stack. It is also app.state.lockaspect.
+            locks_lifespan = lockaspect_lifespan(
+                url=store, namespace=prefix, policies={"orders.place": {"wait": order_wait}}
+            )
+            await stack.enter_async_context(locks_lifespan(app))
             data = aredis.Redis.from_url(store, decode_responses=True)
             stack.push_async_callback(data.aclose)
-            # The decorators' default client, and the policy place_order takes its wait from.
-            configure(locks, policies={"orders.place": {"wait": order_wait}})
-            app.state.shop = Shop(store, locks, data, prefix, stock_wait)
+            app.state.shop = Shop(store, app.state.lockaspect, data, prefix, stock_wait)
             yield
 
     return Starlette(
@@ -227,7 +223,10 @@ def create_app(
             Route("/vouchers/{voucher}", put_voucher, methods=["PUT"]),
             Route("/vouchers/{voucher}", get_voucher, methods=["GET"]),
         ],
-        exception_handlers={LockLost: lock_lost},
+        # LockNotAcquired (the stock lock stayed busy): 423 with Retry-After. LockLost (the
+        # user's lock was lost before place_order finished; whether the order was written is
+        # not known there, and a retry answers 409 if it was): 503.
+        exception_handlers=make_exception_handlers(busy_status=423),
         lifespan=lifespan,
     )
 
@@ -271,9 +270,22 @@ def check_sale(responses: list[httpx.Response], requests: list[str], stock: int,
     return statuses
 
 
+@contextlib.contextmanager
+def deleting_keys_afterwards(app: Starlette) -> Iterator[None]:
+    """When the block ends, delete every key under the app's namespace (data, lock fences)."""
+    try:
+        yield
+    finally:
+        shop: Shop = app.state.shop
+        with redis.Redis.from_url(shop.url) as store:
+            keys = list(store.scan_iter(match=f"{shop.namespace}*", count=1000))
+            print(f"deleted {store.delete(*keys) if keys else 0} keys")
+
+
 def main() -> None:
     shop_app = create_app()
-    with TestClient(shop_app) as http:  # runs the lifespan: connects, or starts a server
+    # The TestClient runs the lifespan (connects, or starts a server); the keys go before it ends.
+    with TestClient(shop_app) as http, deleting_keys_afterwards(shop_app):
         print("1. alice orders: 201, with the fencing token of her lock order:alice")
         assert http.put("/vouchers/FLASH50", json={"stock": 2}).status_code == 200
         first = http.post("/orders/alice", json={"voucher": "FLASH50"})

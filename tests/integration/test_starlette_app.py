@@ -257,8 +257,9 @@ def test_a_lock_lost_while_the_handler_runs_is_503(make_app: Callable[..., Starl
     assert seen["first"].status_code == 423
     other = seen["other"]
     assert other.status_code == 503, other.text
-    assert other.json()["error"] == "lock lost"
-    assert "not-owner" in other.json()["detail"]
+    assert other.headers["retry-after"] == "1"
+    # lockaspect.contrib.starlette's LockLost handler answered.
+    assert other.json() == {"error": "lock_lost", "key": "order:alice", "reason": "not-owner", "retry_after": 1}
     # The body did run to its end (LockLost says the work was done without the lock's
     # protection, not that it was undone): the order is in the store.
     assert sale["orders"]["alice"]["fencing_token"] == int(seen["user_lock"]["fence"])
@@ -271,7 +272,11 @@ def test_a_busy_stock_lock_is_423(make_app: Callable[..., Starlette], make_clien
             busy = order(http, "alice")
         after = order(http, "alice")
     assert busy.status_code == 423, busy.text
+    # lockaspect.contrib.starlette's LockNotAcquired handler (busy_status=423): the holder's
+    # remaining lease (a 30 s watchdog lease), rounded up to whole seconds.
     assert busy.json()["key"] == "stock:FLASH50"
+    assert busy.json()["error"] == "busy"
+    assert 1 <= int(busy.headers["retry-after"]) == busy.json()["retry_after"] <= 30
     assert after.status_code == 201, after.text
     assert after.json()["stock_left"] == 4
 
