@@ -10,7 +10,7 @@ process-wide default client from ``settings.LOCKASPECT`` (needs the ``django`` e
         "DEFAULTS": {"wait": 2.0},                     # client-wide decorator defaults
         "OBSERVERS": ["myapp.observers.LockMetrics"],  # objects, or dotted paths (classes are called)
         "OPTIONS": {"namespace": "shop:"},             # LockClient.from_url() keyword arguments
-        "CHECK": True,                                 # client.check() at start-up
+        "CHECK": True,                                 # client.check() at start-up (the default)
     }
 
 A bad setting stops the process at start-up with

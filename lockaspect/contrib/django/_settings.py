@@ -38,7 +38,7 @@ class LockaspectSettings:
     #: Keyword arguments of ``LockClient.from_url`` (``namespace``, ``watchdog_lease``, ...).
     options: dict[str, Any] = field(default_factory=dict)
     #: Check the store (``client.check()``) in ``AppConfig.ready()``.
-    check: bool = False
+    check: bool = True
 
 
 def _name(key: str) -> str:
@@ -85,7 +85,7 @@ def _read(value: object, *, instantiate: bool) -> tuple[LockaspectSettings | Non
     defaults = _defaults(value.get("DEFAULTS"), problems)
     observers = _observers(value.get("OBSERVERS"), problems, instantiate=instantiate)
     options = _client_options(value.get("OPTIONS"), problems)
-    check = value.get("CHECK", False)
+    check = value.get("CHECK", True)
     if not isinstance(check, bool):
         problems.append(f"{_name('CHECK')} must be True or False, got {check!r}")
     if url is None and value.get("URL") is None:

@@ -25,7 +25,7 @@ class LockaspectConfig(AppConfig):  # type: ignore[misc]  # Django ships no type
     ASGI servers, test runners) it reads the setting (:func:`read_settings`), builds the
     client with ``LockClient.from_url(URL, observers=OBSERVERS, **OPTIONS)``, makes it the
     default of every ``@distributed_lock`` that names no client (``lockaspect.configure(client,
-    policies=POLICIES, defaults=DEFAULTS)``) and, with ``CHECK=True``, checks the store
+    policies=POLICIES, defaults=DEFAULTS)``) and, unless ``CHECK`` is ``False``, checks the store
     (``client.check()``). Without ``URL`` the ``LOCKASPECT_URL`` environment variable is used;
     with neither, no client is built (policies and defaults are still configured).
 
