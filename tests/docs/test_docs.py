@@ -22,6 +22,7 @@ from __future__ import annotations
 import ast
 import gc
 import inspect
+import keyword
 import math
 import re
 import sys
@@ -218,6 +219,8 @@ def resolve(dotted: str) -> Any:
     head, *rest = dotted.split(".")
     if head in RECEIVERS:
         obj = RECEIVERS[head]
+    elif head == "lockaspect":
+        obj = lockaspect
     else:
         # lockaspect.fencing loads its Redis classes on first access: getattr, not vars()
         module = next((m for m in (lockaspect, lockaspect.fencing, lockaspect.testing) if hasattr(m, head)), None)
@@ -321,3 +324,66 @@ def test_documented_signatures_match_the_code(block: Block) -> None:
             continue
         problems += [f"{where}: {difference}" for difference in signature_differences(doc, code)]
     assert not problems, "signatures that differ from the code:\n" + "\n".join(problems)
+
+
+MEMBER_TABLE = re.compile(r"^\|\s*(member|attribute|method)\s*\|")
+
+
+def has_member(cls: type, name: str) -> bool:
+    """Whether instances of ``cls`` have ``name``: a class attribute, or one its methods set."""
+    if hasattr(cls, name):
+        return True
+    for klass in cls.__mro__:
+        try:
+            source = inspect.getsource(klass)
+        except (OSError, TypeError):
+            continue
+        if re.search(rf"self\.{name}\s*[:=]|^\s+{name}\s*:", source, re.MULTILINE):
+            return True
+    return False
+
+
+def member_tables(page: Path) -> Iterator[tuple[int, type, list[str]]]:
+    """(line, class, names) of each member/attribute/method table, for the class the nearest
+    heading above it names in backticks."""
+    lines = page.read_text(encoding="utf-8").splitlines()
+    for number, line in enumerate(lines):
+        if not MEMBER_TABLE.match(line):
+            continue
+        owner = None
+        for above in reversed(lines[:number]):
+            if above.startswith("#"):
+                for name in re.findall(r"`([\w.]+)", above):
+                    try:
+                        candidate = resolve(name)
+                    except (LookupError, AttributeError):
+                        continue
+                    if isinstance(candidate, type):
+                        owner = candidate
+                        break
+                if owner is not None:
+                    break
+        if owner is None:
+            continue
+        names: list[tuple[int, str]] = []
+        for offset, row in enumerate(lines[number + 2 :], start=number + 3):
+            if not row.startswith("|"):
+                break
+            first_cell = re.split(r"(?<!\\)\|", row)[1]
+            found = re.findall(r"`(?:await\s+)?([A-Za-z_]\w*)", first_cell)
+            names += [(offset, name) for name in found if not keyword.iskeyword(name)]
+        yield number + 1, owner, [f"{offset}:{name}" for offset, name in names]
+
+
+def test_member_tables_name_members_that_exist() -> None:
+    problems = []
+    checked = 0
+    for page in PAGES:
+        for _line, owner, names in member_tables(page):
+            for entry in names:
+                row, name = entry.split(":")
+                checked += 1
+                if not has_member(owner, name):
+                    problems.append(f"{relative(page)}:{row}: {owner.__name__} has no member {name!r}")
+    assert checked > 50
+    assert not problems, "tables of members that do not exist:\n" + "\n".join(problems)
