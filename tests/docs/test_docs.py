@@ -41,6 +41,7 @@ import lockaspect.fencing
 import lockaspect.testing
 from lockaspect import LockClient
 from lockaspect.blocks import RWLock
+from lockaspect.options import DEFAULTS, UNSET
 from lockaspect.testing import LockServer
 
 from ._markdown import Block, anchors, blocks, links
@@ -291,6 +292,9 @@ def signature_differences(doc: inspect.Signature, code: inspect.Signature) -> li
         said, real = doc_params[name], code_params[name]
         if said.kind != real.kind:
             differences.append(f"{name} is {real.kind.description} in the code")
+        if real.default is UNSET and name in DEFAULTS:
+            # A decorator option a policy may set: its default is the library's.
+            real = real.replace(default=DEFAULTS[name])
         if (said.default is inspect.Parameter.empty) != (real.default is inspect.Parameter.empty):
             differences.append(f"{name}: a default in one and not the other")
         elif real.default is not inspect.Parameter.empty and is_plain(real.default) and said.default != real.default:
