@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint typecheck unit bench bench-async bench-sql bench-zk bench-cluster clean
+.PHONY: demo test docs lint typecheck unit bench bench-async bench-sql bench-zk bench-cluster clean
 
 $(BIN)/python:
 	@$(PYTHON) .ci/bootstrap_venv.py $(VENV)
@@ -26,6 +26,14 @@ demo: $(VENV)/.installed-demo
 # LOCKASPECT_REQUIRE_POSTGRES / _ZOOKEEPER: a missing server fails its tests instead of skipping them.
 test: $(VENV)/.installed-test lint typecheck
 	LOCKASPECT_REQUIRE_POSTGRES=1 LOCKASPECT_REQUIRE_ZOOKEEPER=1 $(BIN)/python -m pytest
+
+$(VENV)/.installed-docs: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[docs]'
+	@touch $@
+
+## docs: build the documentation site into site/ (mkdocs-material; strict: any warning, such as a broken link, fails)
+docs: $(VENV)/.installed-docs
+	$(BIN)/mkdocs build --strict
 
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check lockaspect tests examples bench
@@ -63,4 +71,4 @@ bench-cluster: $(VENV)/.installed-test
 	$(BIN)/python bench/bench_cluster.py
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache site

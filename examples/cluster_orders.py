@@ -12,8 +12,11 @@ lockaspect.testing.ValkeyCluster, opens a client on its ``redis+cluster://`` URL
 3. a ``CLUSTER FAILOVER`` of the primary of one shop's slot, then more orders: lock
    commands follow the ``MOVED`` replies to the new primary.
 
-    python examples/cluster_orders.py
-    LOCKASPECT_CLUSTER_URL=redis+cluster://10.0.0.1:7000,10.0.0.2:7000 python examples/cluster_orders.py
+    .venv/bin/python examples/cluster_orders.py
+    LOCKASPECT_CLUSTER_URL=redis+cluster://10.0.0.1:7000,10.0.0.2:7000 .venv/bin/python examples/cluster_orders.py
+
+From the repository, after `make demo` (it creates .venv with lockaspect and the
+embedded server; a plain `python` has neither).
 
 With ``LOCKASPECT_CLUSTER_URL`` it runs steps 1 and 2 on your cluster instead (keys under
 ``cluster-orders:`` and ``cluster-orders-data:``, deleted at the end). Starting a cluster

@@ -4,8 +4,11 @@ Four threads ask for the desk while a clerk holds it, one after another. With
 ``fair=True`` they get it in exactly that order, even though each release leaves the
 lock free for a moment (a plain lock would let a newcomer in then).
 
-    python examples/fair_queue.py
-    LOCKASPECT_URL=redis://127.0.0.1:6379/0 python examples/fair_queue.py
+    .venv/bin/python examples/fair_queue.py
+    LOCKASPECT_URL=redis://127.0.0.1:6379/0 .venv/bin/python examples/fair_queue.py
+
+From the repository, after `make demo` (it creates .venv with lockaspect and the
+embedded server; a plain `python` has neither).
 
 Exits non-zero if anything it demonstrates does not hold.
 """
@@ -21,6 +24,14 @@ from contextlib import ExitStack
 from lockaspect import LockClient, current_lease, distributed_lock
 
 
+def delete_keys(client: LockClient, pattern: str) -> None:
+    """Delete the keys of this run (``pattern``: its namespaces): the locks are gone by now,
+    but their fence counters outlive them, and this may be your own server."""
+    redis = client.backend.redis
+    for key in redis.scan_iter(match=pattern):
+        redis.delete(key)
+
+
 def main() -> None:
     with ExitStack() as stack:
         url = os.environ.get("LOCKASPECT_URL")
@@ -29,7 +40,9 @@ def main() -> None:
 
             url = stack.enter_context(LockServer()).url
             print(f"started a throwaway server on {url}")
-        client = stack.enter_context(LockClient.from_url(url, namespace=f"example-{uuid.uuid4().hex[:8]}:"))
+        namespace = f"example-{uuid.uuid4().hex[:8]}:"
+        client = stack.enter_context(LockClient.from_url(url, namespace=namespace))
+        stack.callback(delete_keys, client, f"{namespace}*")
         served: list[str] = []
 
         @distributed_lock(key="desk:<desk>", fair=True, wait=30, client=client)

@@ -6,8 +6,11 @@ wakes up and writes too. The fencing token fixes it at the resource: every acqui
 gets a larger token, and RedisFence.write() refuses a token older than the newest that
 wrote (atomically, in one Lua script).
 
-    python examples/fencing_redis.py
-    LOCKASPECT_URL=redis://127.0.0.1:6379/0 python examples/fencing_redis.py
+    .venv/bin/python examples/fencing_redis.py
+    LOCKASPECT_URL=redis://127.0.0.1:6379/0 .venv/bin/python examples/fencing_redis.py
+
+From the repository, after `make demo` (it creates .venv with lockaspect and the
+embedded server; a plain `python` has neither).
 """
 
 from __future__ import annotations
@@ -36,6 +39,14 @@ def post(account: str, entry: str) -> bool:
     return fence.write(f"ledger:{account}", entry, lease.fencing_token)
 
 
+def delete_keys(client: LockClient, pattern: str) -> None:
+    """Delete the keys of this run (``pattern``: its namespaces): the locks are gone by now,
+    but their fence counters outlive them, and this may be your own server."""
+    redis = client.backend.redis
+    for key in redis.scan_iter(match=pattern):
+        redis.delete(key)
+
+
 def main() -> None:
     # lockaspect logs a WARNING on "lockaspect.watchdog" when it learns a lease is lost.
     logging.basicConfig(level=logging.WARNING, format="  [log] %(levelname)s %(name)s: %(message)s")
@@ -47,6 +58,7 @@ def main() -> None:
 
             url = stack.enter_context(LockServer()).url
         client = stack.enter_context(LockClient.from_url(url, namespace=f"example-{RUN}:"))
+        stack.callback(delete_keys, client, f"example-{RUN}*")  # the locks' and the ledger's keys
         configure(client)
         store = redis.Redis.from_url(url)
         stack.callback(store.close)

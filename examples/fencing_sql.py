@@ -5,8 +5,11 @@ The pattern (from lockaspect.fencing), here with SQLite:
     UPDATE accounts SET balance = ?, fence = ? WHERE id = ? AND fence <= ?
     -- 0 rows updated: a newer lock holder already wrote; this writer is stale.
 
-    python examples/fencing_sql.py
-    LOCKASPECT_URL=redis://127.0.0.1:6379/0 python examples/fencing_sql.py
+    .venv/bin/python examples/fencing_sql.py
+    LOCKASPECT_URL=redis://127.0.0.1:6379/0 .venv/bin/python examples/fencing_sql.py
+
+From the repository, after `make demo` (it creates .venv with lockaspect and the
+embedded server; a plain `python` has neither).
 """
 
 from __future__ import annotations
@@ -60,6 +63,14 @@ def withdraw(account: str, amount: int) -> int:
     return balance
 
 
+def delete_keys(client: LockClient, pattern: str) -> None:
+    """Delete the keys of this run (``pattern``: its namespaces): the locks are gone by now,
+    but their fence counters outlive them, and this may be your own server."""
+    redis = client.backend.redis
+    for key in redis.scan_iter(match=pattern):
+        redis.delete(key)
+
+
 def main() -> None:
     # lockaspect logs a WARNING on "lockaspect.watchdog" when it learns a lease is lost.
     logging.basicConfig(level=logging.WARNING, format="  [log] %(levelname)s %(name)s: %(message)s")
@@ -70,7 +81,9 @@ def main() -> None:
             from lockaspect.testing import LockServer  # pip install 'lockaspect[demo]'
 
             url = stack.enter_context(LockServer()).url
-        client = stack.enter_context(LockClient.from_url(url, namespace=f"example-{uuid.uuid4().hex[:8]}:"))
+        namespace = f"example-{uuid.uuid4().hex[:8]}:"
+        client = stack.enter_context(LockClient.from_url(url, namespace=namespace))
+        stack.callback(delete_keys, client, f"{namespace}*")
         configure(client)
         db_path = os.path.join(stack.enter_context(tempfile.TemporaryDirectory()), "bank.db")
         with closing(sqlite3.connect(db_path)) as db, db:

@@ -7,8 +7,11 @@
   (contextvars), so a nested call re-enters even on another thread, while an unrelated
   thread is a different owner and finds the lock busy.
 
-    python examples/methods_and_executor.py
-    LOCKASPECT_URL=redis://127.0.0.1:6379/0 python examples/methods_and_executor.py
+    .venv/bin/python examples/methods_and_executor.py
+    LOCKASPECT_URL=redis://127.0.0.1:6379/0 .venv/bin/python examples/methods_and_executor.py
+
+From the repository, after `make demo` (it creates .venv with lockaspect and the
+embedded server; a plain `python` has neither).
 """
 
 from __future__ import annotations
@@ -63,6 +66,14 @@ def render(name: str) -> tuple[str, int]:
     return threading.current_thread().name, lease.fencing_token
 
 
+def delete_keys(client: LockClient, pattern: str) -> None:
+    """Delete the keys of this run (``pattern``: its namespaces): the locks are gone by now,
+    but their fence counters outlive them, and this may be your own server."""
+    redis = client.backend.redis
+    for key in redis.scan_iter(match=pattern):
+        redis.delete(key)
+
+
 def main() -> None:
     with ExitStack() as stack:
         stack.callback(reports.shutdown)
@@ -71,7 +82,9 @@ def main() -> None:
             from lockaspect.testing import LockServer  # pip install 'lockaspect[demo]'
 
             url = stack.enter_context(LockServer()).url
-        client = stack.enter_context(LockClient.from_url(url, namespace=f"example-{uuid.uuid4().hex[:8]}:"))
+        namespace = f"example-{uuid.uuid4().hex[:8]}:"
+        client = stack.enter_context(LockClient.from_url(url, namespace=namespace))
+        stack.callback(delete_keys, client, f"{namespace}*")
         configure(client)
 
         print("1. an instance method, keyed on self.id, re-entering through another method")

@@ -1,7 +1,10 @@
 """A transaction-scoped PostgreSQL lock and its fence, used in the same transaction's write.
 
-    python examples/postgres_transaction_fence.py postgresql://user@host/db
-    LOCKASPECT_PG_URL=postgresql://user@host/db python examples/postgres_transaction_fence.py
+    .venv/bin/python examples/postgres_transaction_fence.py postgresql://user@host/db
+    LOCKASPECT_PG_URL=postgresql://user@host/db .venv/bin/python examples/postgres_transaction_fence.py
+
+From the repository, after `make test` (it installs psycopg and finds or installs a
+PostgreSQL), or after `make demo` and `.venv/bin/pip install -e '.[postgres]'`.
 
 Without a DSN it starts a throwaway server (lockaspect.testing.PostgresServer, needs the
 PostgreSQL server binaries). The lock is pg_advisory_xact_lock in the caller's transaction: it

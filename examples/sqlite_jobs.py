@@ -6,7 +6,10 @@ which checks whether the job already ran tonight and runs it if not: every job r
 once. The result is written through a fenced SQL update, so a holder whose lease had ended
 could never overwrite a newer holder's result.
 
-    python examples/sqlite_jobs.py            # uses a temporary directory
+    .venv/bin/python examples/sqlite_jobs.py            # uses a temporary directory
+
+From the repository, after `make demo` (it creates .venv with lockaspect and the
+embedded server; a plain `python` has neither).
 
 Exits non-zero if anything it demonstrates does not hold.
 """

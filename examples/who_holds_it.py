@@ -6,8 +6,11 @@ token, the lease left), force-releases it, and takes it; the hung worker learns 
 renewal that it lost the lock, and its fencing token is older than the operator's. Then the
 per-lease API: a lock taken in one function and released in another, extended on the way.
 
-    python examples/who_holds_it.py
-    LOCKASPECT_URL=redis://127.0.0.1:6379/0 python examples/who_holds_it.py
+    .venv/bin/python examples/who_holds_it.py
+    LOCKASPECT_URL=redis://127.0.0.1:6379/0 .venv/bin/python examples/who_holds_it.py
+
+From the repository, after `make demo` (it creates .venv with lockaspect and the
+embedded server; a plain `python` has neither).
 
 The same from a shell: ``lockaspect list``, ``lockaspect inspect report:daily``,
 ``lockaspect release report:daily --force`` (see docs/operations.md). Exits non-zero if
@@ -62,11 +65,20 @@ def finish(lease: Lease) -> None:
     lease.release()
 
 
+def delete_keys(client: LockClient, pattern: str) -> None:
+    """Delete the keys of this run (``pattern``: its namespaces): the locks are gone by now,
+    but their fence counters outlive them, and this may be your own server."""
+    redis = client.backend.redis
+    for key in redis.scan_iter(match=pattern):
+        redis.delete(key)
+
+
 def main() -> None:
     with ExitStack() as stack:
         url = start(stack)
         namespace = f"example-{uuid.uuid4().hex[:8]}:"
         client = stack.enter_context(LockClient.from_url(url, namespace=namespace))
+        stack.callback(delete_keys, client, f"{namespace}*")
         worker = subprocess.Popen([sys.executable, "-c", WORKER, url, namespace], stdout=subprocess.PIPE, text=True)
         assert worker.stdout is not None
         assert worker.stdout.readline().strip() == "holding"

@@ -11,9 +11,12 @@ that comes after the writer waits behind it); a worker killed while it holds a l
 when its ZooKeeper session expires; and an operator's force-release reaches the holder at
 once (``on_lost``, then ``LockLost``), while its stale write is refused by the fence.
 
-    python examples/zookeeper_jobs.py                         # starts a throwaway ZooKeeper
-    python examples/zookeeper_jobs.py zookeeper://127.0.0.1:2181
-    LOCKASPECT_ZK_URL=zookeeper://zk1:2181,zk2:2181/myapp python examples/zookeeper_jobs.py
+    .venv/bin/python examples/zookeeper_jobs.py                         # starts a throwaway ZooKeeper
+    .venv/bin/python examples/zookeeper_jobs.py zookeeper://127.0.0.1:2181
+    LOCKASPECT_ZK_URL=zookeeper://zk1:2181,zk2:2181/myapp .venv/bin/python examples/zookeeper_jobs.py
+
+From the repository, after `make test` (it installs kazoo, and ZooKeeper's jars where it can), or
+after `make demo` and `.venv/bin/pip install -e '.[zookeeper]'`.
 
 Without a URL it starts a throwaway server with lockaspect.testing.ZooKeeperServer, which
 needs Java and ZooKeeper's jars (Debian: apt-get install libzookeeper-java

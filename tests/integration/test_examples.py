@@ -23,6 +23,27 @@ TIMEOUT = 60.0
 ZOOKEEPER_EXAMPLES = {"zookeeper_jobs.py"}
 
 
+class LeftKeys(AssertionError):
+    """An example left keys in the server it ran on."""
+
+
+#: Examples known to leave keys behind, and why they are not fixed yet. The mark is strict and
+#: takes only LeftKeys: it fails once the example cleans up, and any other failure still fails.
+LEAVE_KEYS = {
+    "starlette_app.py": "writes orders-<run>: data and fence counters, deletes none (the starlette helper's file)",
+}
+PARAMS = [
+    pytest.param(
+        script,
+        id=script.stem,
+        marks=[pytest.mark.xfail(reason=LEAVE_KEYS[script.name], strict=True, raises=LeftKeys)]
+        if script.name in LEAVE_KEYS
+        else [],
+    )
+    for script in SCRIPTS
+]
+
+
 def run_example(script: Path, url: str | None, variable: str = "LOCKASPECT_URL") -> subprocess.CompletedProcess[str]:
     env = dict(os.environ)
     env.pop("LOCKASPECT_URL", None)
@@ -59,17 +80,30 @@ def needs_kazoo() -> None:
         pytest.skip("kazoo is not installed: pip install 'lockaspect[zookeeper]'")
 
 
-@pytest.mark.parametrize("script", SCRIPTS, ids=[p.stem for p in SCRIPTS])
+@pytest.mark.parametrize("script", PARAMS)
 def test_example_runs(script: Path, request: pytest.FixtureRequest) -> None:
+    # Not checked for the ZooKeeper example: the server removes empty container nodes on its
+    # own schedule, after the run.
+    left: list[bytes] = []
     if script.name in ZOOKEEPER_EXAMPLES:
         needs_kazoo()
         zookeeper: ZooKeeperServer = request.getfixturevalue("zookeeper_server")
         result = run_example(script, zookeeper.url, "LOCKASPECT_ZK_URL")
     else:
         server: LockServer = request.getfixturevalue("lock_server")
-        result = run_example(script, server.url)
+        redis = server.redis()
+        try:
+            before = set(redis.scan_iter(count=1000))
+            result = run_example(script, server.url)
+            # Whatever the example wrote (locks, fence counters, its data) must be gone: it
+            # may run on the user's own server. The session server is shared, so compare.
+            left = sorted(set(redis.scan_iter(count=1000)) - before)
+        finally:
+            redis.close()
     assert result.returncode == 0, f"{script.name} exited {result.returncode}:\n{result.stdout}\n{result.stderr}"
     assert result.stdout.rstrip().endswith("ok"), result.stdout
+    if left:
+        raise LeftKeys(f"{script.name} left {len(left)} key(s) in the server: {left[:10]}")
 
 
 def test_example_starts_its_own_server_without_lockaspect_url() -> None:
