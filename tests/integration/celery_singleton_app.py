@@ -75,6 +75,12 @@ def report(self: Any, account_id: str, hold: bool = False) -> dict[str, Any]:
     return {"id": task_id, "retries": self.request.retries, "fence": lease.fencing_token}
 
 
+@app.task(bind=True, max_retries=0)
+@distributed_lock(key="report:<account_id>", on_failure=retry_when_busy())
+def report_without_retries(self: Any, account_id: str) -> str:
+    return "ran"
+
+
 def skipped(ctx: FailureContext) -> dict[str, Any]:
     return {"skipped": ctx.key, "holder_ttl": ctx.error.holder_ttl}
 

@@ -24,7 +24,7 @@ from billiard.exceptions import WorkerLostError
 from celery import Celery
 from celery.result import AsyncResult
 
-from lockaspect import ConfigurationError, FailureContext, LockClient, LockNotAcquired, distributed_lock
+from lockaspect import ConfigurationError, FailureContext, LockClient, LockError, LockNotAcquired, distributed_lock
 from lockaspect.contrib.celery import busy_countdown, retry_when_busy
 from lockaspect.testing import LockServer
 
@@ -156,6 +156,19 @@ def test_a_duplicate_is_skipped_while_the_lock_is_held(worker: Worker) -> None:
     assert busy["skipped"] == "report:acct-4"
     assert 0 < busy["holder_ttl"] <= 30.0
     assert worker.result(worker.send("report_or_skip", "acct-4")) == {"ran": "acct-4"}
+    assert_nothing_held(worker)
+
+
+def test_a_task_out_of_retries_fails_with_lock_not_acquired(worker: Worker) -> None:
+    with worker.client.lock("report:acct-6", lease=30.0):
+        failed = worker.send("report_without_retries", "acct-6")
+        # Rebuilt from the result backend's record (class name and message): Celery falls back
+        # to the first class in LockNotAcquired's MRO it can build from a message, LockError
+        # (LockNotAcquired needs its keyword arguments).
+        with pytest.raises(LockError, match=r"lock 'report:acct-6' is held by another owner"):
+            failed.get(timeout=TIMEOUT)
+    assert failed.state == "FAILURE"
+    assert "lock 'report:acct-6' is held by another owner" in failed.traceback  # the worker's
     assert_nothing_held(worker)
 
 
