@@ -409,6 +409,11 @@ def _decorator(key: Any, client: Any, policy: Any, **given: Any) -> Callable[[F]
             target = target.__func__
         if not callable(target):
             raise TypeError(f"@distributed_lock decorates functions, not {type(function).__name__}")
+        if callable(getattr(target, "apply_async", None)) and callable(getattr(target, "delay", None)):
+            raise ConfigurationError(  # a Celery task: .delay() would go round the lock
+                f"@distributed_lock is above the task decorator of {getattr(target, 'name', target)!r}: put it "
+                "below (@app.task(...) first, then @distributed_lock(...)), so the worker runs the body locked"
+            )
         if inspect.isgeneratorfunction(target) or inspect.isasyncgenfunction(target):
             raise ConfigurationError(
                 f"@distributed_lock cannot decorate generator function {target.__qualname__}(): "

@@ -38,6 +38,10 @@ __all__ = [
 class LockError(Exception):
     """Root of every lockaspect error.
 
+    Every error can be made from its message alone (the other arguments have defaults) and
+    pickles with its attributes, so it crosses process boundaries: a process pool, a Celery
+    result (with the JSON serializer only the message travels).
+
     Attributes:
         key: The rendered lock key (without the store namespace), or ``None`` when the
             error happened before a key existed.
@@ -46,6 +50,14 @@ class LockError(Exception):
     def __init__(self, message: str, *, key: str | None = None) -> None:
         super().__init__(message)
         self.key = key
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # The keyword-only arguments are not in ``args``: rebuild from the attributes, so an
+        # error pickles (a process pool, a Celery result with the pickle serializer).
+        return (_rebuild, (type(self), self.args, self._picklable_state()))
+
+    def _picklable_state(self) -> dict[str, Any]:
+        return dict(self.__dict__)
 
 
 class LockNotAcquired(LockError):
@@ -59,7 +71,7 @@ class LockNotAcquired(LockError):
 
     key: str
 
-    def __init__(self, message: str, *, key: str, waited: float, holder_ttl: float | None = None) -> None:
+    def __init__(self, message: str, *, key: str = "", waited: float = 0.0, holder_ttl: float | None = None) -> None:
         super().__init__(message, key=key)
         self.waited = waited
         self.holder_ttl = holder_ttl
@@ -90,8 +102,8 @@ class LockLost(LockError):
         self,
         message: str,
         *,
-        key: str,
-        reason: str,
+        key: str = "",
+        reason: str = "",
         lease: Lease | None = None,
         result: Any = _NO_RESULT,
         exception: BaseException | None = None,
@@ -102,6 +114,9 @@ class LockLost(LockError):
         self.has_result = result is not _NO_RESULT
         self.result = None if result is _NO_RESULT else result
         self.exception = exception
+
+    def _picklable_state(self) -> dict[str, Any]:
+        return {**self.__dict__, "lease": None}  # the lease is this process's object
 
 
 class KeyTemplateError(LockError):
@@ -168,7 +183,15 @@ class NotReplicated(BackendError):
         wanted: How many the client asks for.
     """
 
-    def __init__(self, message: str, *, key: str, replicas: int, wanted: int) -> None:
+    def __init__(self, message: str, *, key: str = "", replicas: int = 0, wanted: int = 0) -> None:
         super().__init__(message, key=key)
         self.replicas = replicas
         self.wanted = wanted
+
+
+def _rebuild(cls: type[LockError], args: tuple[Any, ...], state: dict[str, Any]) -> LockError:
+    """A pickled :class:`LockError` again (see ``LockError.__reduce__``)."""
+    error = cls.__new__(cls)
+    Exception.__init__(error, *args)
+    error.__dict__.update(state)
+    return error

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from lockaspect import LockClient, _defaults, config
+from lockaspect import LockClient, _defaults, _resolvers, config
 from lockaspect.owner import parse_owner
 from lockaspect.testing import LockServer, ValkeyCluster, ValkeySentinel, find_server_binary
 
@@ -106,9 +106,14 @@ def raw(lock_server: LockServer) -> Iterator[Any]:
 def _reset_configuration() -> Iterator[None]:
     """Leave the process-wide default client and policies as each test found them."""
     saved = (config._client, config._owned, dict(config._policies), config._observers, _defaults.process_defaults)
+    registries = (dict(_resolvers._RESOLVERS), dict(_resolvers._CONVERTERS))  # docs snippets register some
     yield
     config._client, config._owned, config._policies, config._observers = saved[:4]
     _defaults.set_process_defaults(saved[4])
+    for registry, before in zip((_resolvers._RESOLVERS, _resolvers._CONVERTERS), registries, strict=True):
+        if registry != before:
+            registry.clear()
+            registry.update(before)
     config._generation += 1
 
 

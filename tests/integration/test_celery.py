@@ -24,7 +24,7 @@ from billiard.exceptions import WorkerLostError
 from celery import Celery
 from celery.result import AsyncResult
 
-from lockaspect import ConfigurationError, FailureContext, LockClient, LockError, LockNotAcquired, distributed_lock
+from lockaspect import ConfigurationError, FailureContext, LockClient, LockNotAcquired, distributed_lock
 from lockaspect.contrib.celery import busy_countdown, retry_when_busy
 from lockaspect.testing import LockServer
 
@@ -162,10 +162,8 @@ def test_a_duplicate_is_skipped_while_the_lock_is_held(worker: Worker) -> None:
 def test_a_task_out_of_retries_fails_with_lock_not_acquired(worker: Worker) -> None:
     with worker.client.lock("report:acct-6", lease=30.0):
         failed = worker.send("report_without_retries", "acct-6")
-        # Rebuilt from the result backend's record (class name and message): Celery falls back
-        # to the first class in LockNotAcquired's MRO it can build from a message, LockError
-        # (LockNotAcquired needs its keyword arguments).
-        with pytest.raises(LockError, match=r"lock 'report:acct-6' is held by another owner"):
+        # Rebuilt from the result backend's record (class name and message: JSON).
+        with pytest.raises(LockNotAcquired, match=r"lock 'report:acct-6' is held by another owner"):
             failed.get(timeout=TIMEOUT)
     assert failed.state == "FAILURE"
     assert "lock 'report:acct-6' is held by another owner" in failed.traceback  # the worker's
@@ -211,12 +209,12 @@ def test_retry_when_busy_needs_a_bound_task(lock_server: LockServer, namespace: 
     app = Celery("direct", set_as_current=False)
     with LockClient.from_url(lock_server.url, namespace=namespace) as client:
 
-        @app.task  # no bind=True: the function has no task argument
+        @app.task(name="needs-bound.unbound")  # no bind=True: the function has no task argument
         @distributed_lock(key="report:<account_id>", client=client, on_failure=retry_when_busy())
         def unbound(account_id: str) -> str:
             return "ran"
 
-        @app.task(bind=True)
+        @app.task(bind=True, name="needs-bound.bound")
         @distributed_lock(key="report:<account_id>", client=client, on_failure=retry_when_busy())
         def bound(self: Any, account_id: str) -> str:
             return "ran"
@@ -235,7 +233,7 @@ def test_the_failure_context_carries_the_bound_task(lock_server: LockServer, nam
     seen: list[FailureContext] = []
     with LockClient.from_url(lock_server.url, namespace=namespace) as client:
 
-        @app.task(bind=True)
+        @app.task(bind=True, name="failure-context.bound")
         @distributed_lock(key="report:<account_id>", client=client, on_failure=seen.append)
         def bound(self: Any, account_id: str) -> str:
             return "ran"
@@ -246,3 +244,15 @@ def test_the_failure_context_carries_the_bound_task(lock_server: LockServer, nam
         assert ctx.arguments["self"].name == bound.name  # the task instance (``bound`` is Celery's proxy of it)
         assert ctx.arguments["account_id"] == "b"
         assert ctx.key == "report:b"
+
+
+def test_the_lock_above_the_task_decorator_is_refused() -> None:
+    """Reversed, ``.delay()`` would go round the lock: refused at decoration."""
+    from celery import Celery
+
+    app = Celery("reversed", set_as_current=False)
+    with pytest.raises(ConfigurationError, match="below"):
+
+        @distributed_lock(key="report:<account_id>")
+        @app.task(bind=True, name="reversed.report")
+        def report(self: object, account_id: int) -> None: ...
