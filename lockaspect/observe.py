@@ -97,7 +97,7 @@ class LockEvent(NamedTuple):
         store: The store's name: ``"redis"``, ``"cluster"``, ``"sentinel"``, ``"redlock"``,
             ``"memory"``, ``"table"`` (SQLite or PostgreSQL table), ``"postgres"``,
             ``"zookeeper"``, or a third-party store's class name, lower-cased.
-        held: Seconds the lock was held, for ``released`` and ``lost``.
+        held: Seconds the lock was held, for ``released``, ``release_failed`` and ``lost``.
         lease: The :class:`~lockaspect.Lease` the event is about, where there is one.
     """
 

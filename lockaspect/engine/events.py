@@ -55,7 +55,7 @@ def lease_event(
     """Tell of something that happened to ``lease`` (``reentered``, ``release_failed``,
     ``lost``), on any thread: the template travels with the lease."""
     if emit.wants(name):
-        held = lease._held_for() if name == "lost" else None
+        held = lease._held_for() if name == "lost" or name == "release_failed" else None
         emit(
             LockEvent(
                 name, lease.key, lease.kind, None, lease.fencing_token, reason, error, 1, 0,
