@@ -61,7 +61,7 @@ class _HeldCollector:
     """``lockaspect_held``, counted at each scrape from the leases live then (see
     :mod:`._held`): a lease whose holder vanished leaves it without an event."""
 
-    def __init__(self, held: HeldLeases[tuple[str, str], tuple[str, str]]) -> None:
+    def __init__(self, held: HeldLeases[_Lock, tuple[str, str]]) -> None:
         self.held = held
 
     def describe(self) -> list[Metric]:
@@ -74,8 +74,24 @@ class _HeldCollector:
         yield family
 
 
-def _itself(labels: tuple[str, str]) -> tuple[str, str]:
-    return labels
+class _Lock:
+    """The labelled children of one (template, kind): one lookup per event finds them all."""
+
+    __slots__ = ("acquired", "busy", "error", "hold", "labels", "timeout", "wait", "waiting")
+
+    def __init__(self, m: _Metrics, template: str, kind: str) -> None:
+        self.labels = (template, kind)
+        self.acquired = m.acquire.labels(template, kind, "acquired")
+        self.busy = m.acquire.labels(template, kind, "busy")
+        self.timeout = m.acquire.labels(template, kind, "timeout")
+        self.error = m.acquire.labels(template, kind, "error")
+        self.wait = m.wait.labels(template, kind)
+        self.hold = m.hold.labels(template, kind)
+        self.waiting = m.waiting.labels(template, kind)
+
+
+def _labels_of(lock: _Lock) -> tuple[str, str]:
+    return lock.labels
 
 
 _HELD_DOC = "Locks this process holds now (acquired, not yet released or lost)."
@@ -131,9 +147,16 @@ class _Metrics:
             ("action",),
             registry=registry,
         )
-        self.held: HeldLeases[tuple[str, str], tuple[str, str]] = HeldLeases(_itself)
+        self.held: HeldLeases[_Lock, tuple[str, str]] = HeldLeases(_labels_of)
         registry.register(_HeldCollector(self.held))
+        self.locks: dict[tuple[str, str], _Lock] = {}
         self.children: dict[tuple[Any, ...], Any] = {}
+
+    def lock(self, template: str, kind: str) -> _Lock:
+        found = self.locks.get((template, kind))
+        if found is None:
+            found = self.locks.setdefault((template, kind), _Lock(self, template, kind))
+        return found
 
     def child(self, metric: Any, *labels: str) -> Any:
         key = (id(metric), *labels)
@@ -179,30 +202,29 @@ class PrometheusObserver:
         m = self._m
         name = event.name
         if name == "acquired":
-            template, kind = event.template, event.kind
-            m.child(m.acquire, template, kind, "acquired").inc()
-            m.child(m.wait, template, kind).observe(event.waited or 0.0)
+            lock = m.lock(event.template, event.kind)
+            lock.acquired.inc()
+            lock.wait.observe(event.waited or 0.0)
             if event.lease is not None:
-                m.held.add(event.lease, (template, kind))
+                m.held.add(event.lease, lock)
         elif name == "released" or name == "release_failed" or name == "lost":
-            labels = None if event.lease is None else m.held.end(event.lease)
-            if labels is not None and event.held is not None:
-                m.child(m.hold, *labels).observe(event.held)
+            ended = None if event.lease is None else m.held.end(event.lease)
+            if ended is not None and event.held is not None:
+                ended.hold.observe(event.held)
             if name == "lost":
                 m.child(m.lost, event.template, event.reason or "").inc()
             elif name == "release_failed":
                 m.child(m.errors, "release").inc()
         elif name == "not_acquired":
-            template, kind = event.template, event.kind
-            outcome = "busy" if event.reason == "busy" else "timeout"
-            m.child(m.acquire, template, kind, outcome).inc()
-            m.child(m.wait, template, kind).observe(event.waited or 0.0)
+            lock = m.lock(event.template, event.kind)
+            (lock.busy if event.reason == "busy" else lock.timeout).inc()
+            lock.wait.observe(event.waited or 0.0)
         elif name == "waiting":
-            m.child(m.waiting, event.template, event.kind).inc()
+            m.lock(event.template, event.kind).waiting.inc()
         elif name == "wait_ended":
-            m.child(m.waiting, event.template, event.kind).dec()
+            m.lock(event.template, event.kind).waiting.dec()
         elif name == "acquire_failed":
-            m.child(m.acquire, event.template, event.kind, "error").inc()
+            m.lock(event.template, event.kind).error.inc()
             m.child(m.errors, "acquire").inc()
         elif name == "renewing":
             m.batch.observe(event.batch)

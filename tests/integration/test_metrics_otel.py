@@ -38,7 +38,8 @@ class Telemetry:
         self.tracer = self.tracer_provider.get_tracer("test")
 
     def observer(self) -> OpenTelemetryObserver:
-        return OpenTelemetryObserver(self.tracer_provider, self.meter_provider)
+        self.made = OpenTelemetryObserver(self.tracer_provider, self.meter_provider)
+        return self.made
 
     def finished(self, name: str) -> list[ReadableSpan]:
         return [span for span in self.spans.get_finished_spans() if span.name == name]
@@ -214,9 +215,8 @@ class BrokenTracer(trace.NoOpTracer):
 def test_an_observer_that_raises_never_fails_a_lock_and_is_logged_once(
     make_client: Callable[..., LockClient], telemetry: Telemetry, caplog: pytest.LogCaptureFixture
 ) -> None:
-    client = make_client(
-        url="memory://", observers=[OpenTelemetryObserver(BrokenTracerProvider(), telemetry.meter_provider)]
-    )
+    observer = OpenTelemetryObserver(BrokenTracerProvider(), telemetry.meter_provider)
+    client = make_client(url="memory://", observers=[observer])
     with caplog.at_level(logging.ERROR, logger="lockaspect.observe"):
         for _ in range(3):
             with client.lock("broken:1") as lease:
