@@ -37,9 +37,8 @@ class Telemetry:
         self.meter_provider = MeterProvider(metric_readers=[self.reader])
         self.tracer = self.tracer_provider.get_tracer("test")
 
-    def observer(self) -> OpenTelemetryObserver:
-        self.made = OpenTelemetryObserver(self.tracer_provider, self.meter_provider)
-        return self.made
+    def observer(self, tracing: bool = True) -> OpenTelemetryObserver:
+        return OpenTelemetryObserver(self.tracer_provider, self.meter_provider, tracing=tracing)
 
     def finished(self, name: str) -> list[ReadableSpan]:
         return [span for span in self.spans.get_finished_spans() if span.name == name]
@@ -231,3 +230,20 @@ def test_the_global_providers_are_used_when_none_are_given(make_client: Callable
     with client.lock("global:1"):
         pass
     assert client.stats().released == 1
+
+
+def test_without_tracing_it_records_the_metrics_and_no_span(
+    make_client: Callable[..., LockClient], telemetry: Telemetry
+) -> None:
+    client = make_client(url="memory://", observers=[telemetry.observer(tracing=False)])
+
+    @distributed_lock(key="report:<day>", client=client)
+    def report(day: str) -> str:
+        return day
+
+    with telemetry.tracer.start_as_current_span("request"):
+        assert report("monday") == "monday"
+    assert [span.name for span in telemetry.spans.get_finished_spans()] == ["request"]
+    acquires = telemetry.points("lockaspect.acquires")
+    assert acquires[labels("report:<day>", **{"lockaspect.outcome": "acquired"})].value == 1
+    assert telemetry.points("lockaspect.hold.duration")[labels("report:<day>")].count == 1
