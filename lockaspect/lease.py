@@ -90,6 +90,8 @@ class Lease:
         "_owner",
         "_record",
         "_refs",
+        "_since",
+        "_template",
         "acquired_at",
         "fencing_token",
         "key",
@@ -111,6 +113,7 @@ class Lease:
         loop: asyncio.AbstractEventLoop | None = None,
         permits: int | None = None,
         family: str = "lock",
+        template: str = "",
     ) -> None:
         self.key = record.key
         self.kind = record.kind
@@ -139,6 +142,14 @@ class Lease:
         # The event loop of the code that took the lease (an async on_lost hook runs there);
         # None for sync code.
         self._loop = loop
+        # For the observers: the decorated call's key template (see LockEvent.template), and
+        # when the acquisition was sent, by the engine's clock (how long it was held).
+        self._template = template
+        self._since = record.renewed_at
+
+    def _held_for(self) -> float:
+        """Seconds since the acquisition was sent."""
+        return self._record.clock() - self._since
 
     @property
     def _holds(self) -> int:

@@ -14,15 +14,23 @@ wants it (the statistics count them without one).
 Events (``LockEvent.name``):
 
 ``"acquired"``
-    A lock was taken (``fencing_token``, ``waited`` seconds).
+    A lock was taken (``fencing_token``, ``waited`` seconds since the first attempt).
 ``"reentered"``
     A context re-entered a lock it holds.
 ``"waiting"``
     A call found the lock busy and starts waiting (``waited`` is 0).
+``"wait_ended"``
+    That wait is over, however it ended (``waited`` seconds): acquired, given up, failed
+    with a store error, cancelled or interrupted. Every ``waiting`` is followed by exactly
+    one ``wait_ended``, so a gauge of waiting callers returns to 0.
 ``"not_acquired"``
-    A call gave up: the lock stayed busy (``waited`` seconds, ``number`` attempts).
+    A call gave up: the lock stayed busy (``waited`` seconds, ``number`` attempts;
+    ``reason``: ``"busy"`` for a single try, ``wait=0``, else ``"timeout"``).
+``"acquire_failed"``
+    An acquisition (or re-entry) failed with a :class:`~lockaspect.BackendError` (``error``):
+    the store could not be reached or refused (``waited`` seconds since it began).
 ``"released"``
-    A lock was given back to the store.
+    A lock was given back to the store (``held`` seconds since it was taken).
 ``"release_failed"``
     The store could not be told (``error``); the key expires with its lease.
 ``"released_late"``
@@ -34,7 +42,17 @@ Events (``LockEvent.name``):
 ``"renewal_failed"``
     ``number`` renewals failed and will be retried while their leases last (``error``).
 ``"lost"``
-    A lease was lost (``reason``: ``"expired"``, ``"not-owner"``, ``"max-hold"``).
+    A lease was lost (``reason``: ``"expired"``, ``"not-owner"``, ``"max-hold"``; ``held``
+    seconds after it was taken).
+
+Context for metrics and tracing (:mod:`lockaspect.contrib.prometheus`,
+:mod:`lockaspect.contrib.otel`): the events about one lock carry its ``template`` (the
+decorated call's key template, never the rendered key: a label of bounded cardinality), the
+``store`` (its name, e.g. ``"redis"``, ``"memory"``), and the ``lease`` itself
+(``acquired``, ``reentered``, ``released``, ``release_failed``, ``lost``), so an observer can
+tell what it learned at the acquisition (on the caller's thread) to the watchdog thread's
+``lost`` event. The template is worked out only when the client has an observer besides
+its own log lines.
 """
 
 from __future__ import annotations
@@ -43,7 +61,10 @@ import logging
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from .lease import Lease
 
 __all__ = ["ClientStats", "LockEvent", "LogObserver", "Observer", "Observers", "StatsObserver"]
 
@@ -61,12 +82,23 @@ class LockEvent(NamedTuple):
         key: The rendered key (empty for a watchdog round trip).
         kind: ``"lock"``, ``"fair"``, ``"semaphore"``, ``"read"`` or ``"write"`` (empty for a
             watchdog round trip).
-        waited: Seconds spent waiting, for ``acquired`` and ``not_acquired``.
+        waited: Seconds spent waiting, for ``acquired``, ``not_acquired``, ``wait_ended`` and
+            ``acquire_failed``.
         fencing_token: The lease's fencing token, where there is one.
-        reason: Why a lease was lost.
+        reason: Why a lease was lost; for ``not_acquired``, ``"busy"`` (a single try) or
+            ``"timeout"`` (a wait ran out).
         error: The store's error, for the failures.
         number: How many leases a watchdog event covers; for ``not_acquired``, the attempts.
         batch: How many leases one renewal round trip carried.
+        template: The key template of the decorated call the lock is for (its qualified name
+            for a key given as a callable); ``""`` for ``client.lock(...)`` and the other
+            calls that name a rendered key, and for a client with no observer but its log
+            lines. Never the rendered key.
+        store: The store's name: ``"redis"``, ``"cluster"``, ``"sentinel"``, ``"redlock"``,
+            ``"memory"``, ``"table"`` (SQLite or PostgreSQL table), ``"postgres"``,
+            ``"zookeeper"``, or a third-party store's class name, lower-cased.
+        held: Seconds the lock was held, for ``released``, ``release_failed`` and ``lost``.
+        lease: The :class:`~lockaspect.Lease` the event is about, where there is one.
     """
 
     name: str
@@ -78,6 +110,10 @@ class LockEvent(NamedTuple):
     error: BaseException | None = None
     number: int = 1
     batch: int = 0
+    template: str = ""
+    store: str = ""
+    held: float | None = None
+    lease: Lease | None = None
 
 
 #: What the engine calls for each event.
@@ -179,15 +215,22 @@ class Observers:
 
     ``stats`` is counted first, for every event; the two events of every lock cycle
     (``acquired``, ``released``) go through :meth:`cycle`, which makes a :class:`LockEvent`
-    only when another observer wants it."""
+    only when another observer wants it, and the engine asks :meth:`wants` before making the
+    others."""
 
-    __slots__ = ("_broken", "_by_name", "_observers", "_stats")
+    __slots__ = ("_broken", "_by_name", "_observers", "_stats", "_wanted", "observed", "store")
 
     def __init__(self, observers: Iterable[Observer] = (), stats: StatsObserver | None = None) -> None:
         self._stats = stats
         self._observers: tuple[Observer, ...] = tuple(observers)
         self._broken: set[int] = set()
         self._by_name: dict[str, tuple[Observer, ...]] = {}
+        self._wanted: dict[str, bool] = {}
+        #: Whether an observer besides the library's log lines is registered: only then is an
+        #: acquisition's template worked out (see :func:`lockaspect.owner.template_of`).
+        self.observed = any(not isinstance(o, LogObserver) for o in self._observers)
+        #: The store's name, set by the engine (``LockEvent.store``).
+        self.store = ""
 
     def _wanting(self, name: str) -> tuple[Observer, ...]:
         found = self._by_name.get(name)
@@ -196,15 +239,28 @@ class Observers:
             self._by_name[name] = found
         return found
 
-    def cycle(
-        self, name: str, key: str, kind: str, fencing_token: int | None = None, waited: float | None = None
-    ) -> None:
-        """Emit ``name`` (``acquired`` or ``released``) without making an event nobody reads."""
+    def wants(self, name: str) -> bool:
+        """Whether anyone (the statistics or an observer) is told of ``name`` events: the
+        engine makes no event otherwise."""
+        found = self._wanted.get(name)
+        if found is None:
+            stats = name in _STATS_NAMES and self._stats is not None
+            found = self._wanted[name] = stats or bool(self._wanting(name))
+        return found
+
+    def cycle(self, name: str, lease: Lease, waited: float | None = None) -> None:
+        """Emit ``name`` (``acquired`` or ``released``) for ``lease`` without making an event
+        nobody reads."""
         if self._stats is not None:
             self._stats.count(name)
         wanting = self._wanting(name)
         if wanting:
-            self._tell(wanting, LockEvent(name, key, kind, waited, fencing_token))
+            held = None if name == "acquired" else lease._held_for()
+            event = LockEvent(
+                name, lease.key, lease.kind, waited, lease.fencing_token, None, None, 1, 0,
+                lease._template, self.store, held, lease,
+            )  # fmt: skip
+            self._tell(wanting, event)
 
     @staticmethod
     def check(observers: object) -> list[Observer]:
@@ -232,6 +288,10 @@ class Observers:
                 if id(observer) not in self._broken:
                     self._broken.add(id(observer))
                     log.exception("observer %r raised on %s (logged once; it keeps being called)", observer, event.name)
+
+
+#: The events :class:`StatsObserver` counts.
+_STATS_NAMES = frozenset({*StatsObserver._NAMES, "renewed", "renewing", "renewal_failed"})
 
 
 def _wants(observer: Observer, name: str) -> bool:

@@ -25,7 +25,7 @@ import time
 from contextvars import ContextVar
 from typing import Any
 
-__all__ = ["ORIGIN", "Origin", "owner_record", "parse_owner"]
+__all__ = ["ORIGIN", "Origin", "owner_record", "parse_owner", "template_of"]
 
 #: ``(function, template)`` of a decorated function.
 Origin = tuple[str, "str | None"]
@@ -65,6 +65,19 @@ def owner_record(key: str, thread: str | None = None) -> str:
     if head is None:
         head = _head(thread, origin)
     return f"{head}{time.time():.3f}}}"
+
+
+def template_of(key: str) -> str:
+    """The key template of the decorated call running in this context when it locks ``key``
+    (its qualified name when the key is a callable; the templates joined by ``", "`` for a
+    multi-key call), else ``""``: a label for metrics, never the rendered key."""
+    call = ORIGIN.get()
+    if call is None:
+        return ""
+    (function, template), keys = call
+    if key == keys or (isinstance(keys, tuple) and key in keys):
+        return function if template is None else template
+    return ""
 
 
 def parse_owner(record: str | bytes | None) -> dict[str, Any]:

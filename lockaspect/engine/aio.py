@@ -18,7 +18,6 @@ from ..backends.base import AcquireRequest, AcquireResult, ReleaseResult
 from ..errors import BackendError, LockNotAcquired
 from ..kinds import LockKind
 from ..lease import _HELD, Lease, _push
-from ..observe import LockEvent
 from ..options import LockSpec
 from ..owner import owner_record
 from ._loop import LoopState, LostCancel, _AsyncSlot, _quietly, cancelling, raise_if_cancel_lost
@@ -90,38 +89,44 @@ class AsyncRunner:
         """:meth:`SyncRunner.acquire <lockaspect.engine.sync.SyncRunner.acquire>` for a task."""
         engine = self.engine
         kind = spec.kind
-        held = engine.held_here(key, kind.family)
-        state = self.state()
-        if held is not None:
-            hold = await self.reenter(held, state)
-            if hold is not None:
-                return hold
-        below = kind.below(key, engine.find)
-        plan = engine.plan(spec, key)
-        token = new_token()
-        waiter = self._first_waiter(state, key, spec)
-        sent = engine.clock()
-        failure: BackendError | None = None
-        owner = self._owner(key)
-        request = AcquireRequest(
-            kind.name, (key,), token, plan.lease_time, waiter, False, below, kind.permits, owner, kind.weight
-        )
         try:
-            result = await self.try_once(state, request, kind)
-        except BackendError as exc:
-            if waiter is not None:
-                await self.leave_queue(state, key, waiter, spec, kind.slot_key(key) in state.slots)
-            if not exc.transient or spec.wait == 0:
+            held = engine.held_here(key, kind.family)
+            state = self.state()
+            if held is not None:
+                hold = await self.reenter(held, state)
+                if hold is not None:
+                    return hold
+            below = kind.below(key, engine.find)
+            plan = engine.plan(spec, key)
+            token = new_token()
+            waiter = self._first_waiter(state, key, spec)
+            sent = engine.clock()
+            failure: BackendError | None = None
+            owner = self._owner(key)
+            request = AcquireRequest(
+                kind.name, (key,), token, plan.lease_time, waiter, False, below, kind.permits, owner, kind.weight
+            )
+            try:
+                result = await self.try_once(state, request, kind)
+            except BackendError as exc:
+                if waiter is not None:
+                    await self.leave_queue(state, key, waiter, spec, kind.slot_key(key) in state.slots)
+                if not exc.transient or spec.wait == 0:
+                    raise
+                result, failure, waiter = AcquireResult(False), exc, None
+            except BaseException:
+                if waiter is not None:
+                    await self.leave_queue(state, key, waiter, spec, kind.slot_key(key) in state.slots)
                 raise
-            result, failure, waiter = AcquireResult(False), exc, None
-        except BaseException:
-            if waiter is not None:
-                await self.leave_queue(state, key, waiter, spec, kind.slot_key(key) in state.slots)
+            start = sent
+            if not result.acquired:
+                result, sent, token = await self.wait(
+                    state, key, token, plan, spec, start, result, waiter, below, failure
+                )
+            return await self.take(state, (key,), token, result, spec, plan, sent, start)
+        except BackendError as exc:
+            engine.tell("acquire_failed", key, kind.name, error=exc)
             raise
-        start = sent
-        if not result.acquired:
-            result, sent, token = await self.wait(state, key, token, plan, spec, start, result, waiter, below, failure)
-        return await self.take(state, (key,), token, result, spec, plan, sent, start)
 
     def _first_waiter(self, state: LoopState, key: str, spec: LockSpec) -> str | None:
         if spec.wait == 0:
@@ -203,13 +208,15 @@ class AsyncRunner:
         slot_key = kind.slot_key(key)
         slot: _AsyncSlot | None = None
         turn = False
+        waiting = False
         try:
             raise_if_cancel_lost()
             if deadline is not None and engine.clock() >= deadline:
                 if failure is not None:
                     raise failure
                 raise self._not_acquired(key, spec, start, result)
-            engine.emit(LockEvent("waiting", key, kind.name, 0.0))
+            engine.tell("waiting", key, kind.name, 0.0)
+            waiting = True
             if kind.own_place:
                 turn = True  # the wait loop leaves the queue itself
                 w = engine.waiting(
@@ -259,6 +266,8 @@ class AsyncRunner:
         finally:
             if slot is not None:
                 state.leave_slot(slot_key, slot)
+            if waiting:  # however the wait ended (a cancellation too): the gauges go back down
+                engine.tell("wait_ended", key, kind.name, engine.clock() - start)
 
     async def run_wait(self, state: LoopState, w: Waiting, slot: _AsyncSlot | None) -> tuple[AcquireResult, float, str]:
         """The wait loop: do what ``w`` decides until it acquires or raises."""
@@ -269,15 +278,15 @@ class AsyncRunner:
         if notifier is None:
             w.notify = False  # no notifier after all (a closed store): poll
         subscription: Any = None
+        announced = False  # a multi-key wait's "waiting" was emitted
         try:
             while True:
                 raise_if_cancel_lost()
                 try:
                     step = w.step(clock(), engine.closed, subscription is not None and subscription.active)
                 except LockNotAcquired as exc:
-                    engine.emit(
-                        LockEvent("not_acquired", exc.key or w.keys[0], w.kind.name, exc.waited, number=w.tries)
-                    )
+                    why = "busy" if w.wait == 0 else "timeout"
+                    engine.tell("not_acquired", exc.key or w.keys[0], w.kind.name, exc.waited, why, number=w.tries)
                     raise
                 if step == ATTEMPT:
                     sent = clock()
@@ -290,7 +299,8 @@ class AsyncRunner:
                     if w.attempted(result):
                         return result, sent, w.token
                     if w.multi and w.tries == 1 and w.wait != 0:
-                        engine.emit(LockEvent("waiting", w.keys[0], w.kind.name, 0.0))
+                        engine.tell("waiting", w.keys[0], w.kind.name, 0.0)
+                        announced = True
                 elif step == LISTEN:
                     if subscription is not None:
                         notifier.unsubscribe(subscription)
@@ -308,6 +318,8 @@ class AsyncRunner:
                         woken = False
                     w.paused(woken)
         finally:
+            if announced:
+                engine.tell("wait_ended", w.keys[0], w.kind.name, clock() - w.start)
             if subscription is not None:
                 notifier.unsubscribe(subscription)
             place = w.leaving(slot is not None and slot.users > 1)
@@ -318,13 +330,21 @@ class AsyncRunner:
 
     def _not_acquired(self, key: str, spec: LockSpec, start: float, result: AcquireResult) -> LockNotAcquired:
         waited = self.engine.clock() - start
-        self.engine.emit(LockEvent("not_acquired", key, spec.kind.name, waited if spec.wait else 0.0))
+        why = "busy" if spec.wait == 0 else "timeout"
+        self.engine.tell("not_acquired", key, spec.kind.name, waited if spec.wait else 0.0, why)
         return not_acquired(key, spec.wait, waited, result)
 
     # -- multi-key ------------------------------------------------------------------------
 
     async def acquire_multi(self, keys: tuple[str, ...], spec: LockSpec) -> list[Hold]:
         """:meth:`SyncRunner.acquire_multi <lockaspect.engine.sync.SyncRunner.acquire_multi>`."""
+        try:
+            return await self._acquire_multi(keys, spec)
+        except BackendError as exc:
+            self.engine.tell("acquire_failed", keys[0], spec.kind.name, error=exc)
+            raise
+
+    async def _acquire_multi(self, keys: tuple[str, ...], spec: LockSpec) -> list[Hold]:
         engine = self.engine
         held = engine.multi_held(keys)
         state = self.state()

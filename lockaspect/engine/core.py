@@ -24,13 +24,14 @@ from ..errors import BackendError, ConfigurationError, LockLost, NotReplicated
 from ..hooks import HookRunner, run_hook
 from ..kinds import LockKind
 from ..lease import Lease, find_held, fork_epoch
-from ..observe import LockEvent, Observers
+from ..observe import Observers
 from ..options import LockSpec
-from ..owner import owner_record
+from ..owner import owner_record, template_of
 from ..renewal import Renewal, lost_guard
 from ..timer import HashedWheelTimer
 from ..watchdog import Watchdog
 from . import manual
+from .events import call_event, lease_event, store_name
 from .holds import Hold, HoldRef
 from .sweep import Sweeping
 from .waiting import Waiting
@@ -89,6 +90,7 @@ class Engine(Sweeping):
         self.wait_replicas = wait_replicas
         self.clock = clock
         self.emit = emit
+        emit.store = store_name(store)
         # hears: release messages include other processes' (LOCAL_NOTIFY: waiters poll too)
         self.notify = bool(store.capabilities & (Capability.RELEASE_NOTIFY | Capability.LOCAL_NOTIFY))
         self.hears = bool(store.capabilities & Capability.RELEASE_NOTIFY)
@@ -295,6 +297,7 @@ class Engine(Sweeping):
             loop=loop,
             permits=kind.permits,
             family=kind.family,
+            template=template_of(key) if self.emit.observed else "",
         )
         record.lease_ref = weakref.ref(lease)
         hold = self.new_hold(lease)
@@ -307,7 +310,7 @@ class Engine(Sweeping):
             self.watchdog.register(record)
         else:
             self.watchdog.watch(record)
-        self.emit.cycle("acquired", key, kind.name, fence, waited)
+        self.emit.cycle("acquired", lease, waited)
         return hold
 
     def new_hold(self, lease: Lease) -> Hold:
@@ -341,7 +344,7 @@ class Engine(Sweeping):
             self.lost_here(lease, "not-owner")
             message = f"cannot re-enter {lease.key!r}: the store no longer has it for this owner"
             raise LockLost(message, key=lease.key, reason="not-owner", lease=lease)
-        self.emit(LockEvent("reentered", lease.key, lease.kind))
+        lease_event(self.emit, "reentered", lease)
 
     # -- giving holds back (no I/O) -------------------------------------------------------
 
@@ -381,7 +384,7 @@ class Engine(Sweeping):
         if (record.swept or abandoned) and code == ReleaseResult.NOT_OWNER:
             return  # released meanwhile by the sweep, or by the interrupted call itself
         if isinstance(code, BackendError):
-            self.emit(LockEvent("release_failed", lease.key, lease.kind, error=code))
+            lease_event(self.emit, "release_failed", lease, error=code)
             release_log.warning(
                 "release of %r failed; the key expires with its lease (at most %.1fs): %s",
                 lease.key,
@@ -391,7 +394,7 @@ class Engine(Sweeping):
         elif code == ReleaseResult.NOT_OWNER:
             self.lost_here(lease, "not-owner")
         elif code == ReleaseResult.RELEASED:
-            self.emit.cycle("released", lease.key, lease.kind)
+            self.emit.cycle("released", lease)
         else:
             release_log.warning("%r is still held by this owner after its last release", lease.key)
 
@@ -404,7 +407,7 @@ class Engine(Sweeping):
     def lost_here(self, lease: Lease, reason: str) -> None:
         """The caller's thread learned of the loss (release, re-entry): the hook runs here."""
         if lease._mark_lost(reason):
-            self.emit(LockEvent("lost", lease.key, lease.kind, fencing_token=lease.fencing_token, reason=reason))
+            lease_event(self.emit, "lost", lease, reason)
             run_hook(lease)
 
     def store_lost(self, tokens: Collection[str], reason: str) -> None:
@@ -423,9 +426,25 @@ class Engine(Sweeping):
                 record.lost_reason = reason
             return
         if lease._mark_lost(reason):
-            self.emit(LockEvent("lost", lease.key, lease.kind, fencing_token=lease.fencing_token, reason=reason))
+            lease_event(self.emit, "lost", lease, reason)
             if lease._on_lost is not None:
                 self.hooks.submit(lease)
+
+    # -- the acquisition's events ---------------------------------------------------------
+
+    def tell(
+        self,
+        name: str,
+        key: str,
+        kind: str,
+        waited: float | None = None,
+        reason: str | None = None,
+        error: BaseException | None = None,
+        number: int = 1,
+    ) -> None:
+        """Emit an acquisition's ``waiting``, ``wait_ended``, ``not_acquired`` or
+        ``acquire_failed`` (made only if someone is told of it)."""
+        call_event(self.emit, name, key, kind, waited, reason, error, number)
 
     # -- life cycle -----------------------------------------------------------------------
 

@@ -20,10 +20,10 @@ from ..errors import BackendError, LockNotAcquired
 from ..executor import Outcome, run_body
 from ..kinds import LockKind
 from ..lease import _HELD, Lease, _push
-from ..observe import LockEvent
 from ..options import LockSpec
 from ..renewal import Renewal
 from .core import Engine, Plan
+from .events import lease_event
 from .holds import Hold, HoldRef
 from .outcome import settle
 from .waiting import ATTEMPT, LISTEN, Waiting, new_token, not_acquired
@@ -60,40 +60,44 @@ class SyncRunner:
         the returned hold and gives it back with :meth:`release`."""
         engine = self.engine
         kind = spec.kind
-        held = engine.held_here(key, kind.family)
-        if held is not None:
-            hold = self.reenter(held)
-            if hold is not None:
-                return hold
-            # Its last hold was given back meanwhile (the outer call returned): take the lock.
-        below = kind.below(key, engine.find)
-        plan = engine.plan(spec, key)
-        token = new_token()
-        waiter = self._first_waiter(key, spec)
-        sent = engine.clock()
-        failure: BackendError | None = None
-        owner = engine.owner(key)
-        request = AcquireRequest(
-            kind.name, (key,), token, plan.lease_time, waiter, False, below, kind.permits, owner, kind.weight
-        )
         try:
-            result = self.try_once(request, kind)
-        except BackendError as exc:
-            if waiter is not None:
-                self.leave_queue(key, waiter, spec, spec.kind.slot_key(key) in self.slots)
-            if not exc.transient or spec.wait == 0:
+            held = engine.held_here(key, kind.family)
+            if held is not None:
+                hold = self.reenter(held)
+                if hold is not None:
+                    return hold
+                # Its last hold was given back meanwhile (the outer call returned): take the lock.
+            below = kind.below(key, engine.find)
+            plan = engine.plan(spec, key)
+            token = new_token()
+            waiter = self._first_waiter(key, spec)
+            sent = engine.clock()
+            failure: BackendError | None = None
+            owner = engine.owner(key)
+            request = AcquireRequest(
+                kind.name, (key,), token, plan.lease_time, waiter, False, below, kind.permits, owner, kind.weight
+            )
+            try:
+                result = self.try_once(request, kind)
+            except BackendError as exc:
+                if waiter is not None:
+                    self.leave_queue(key, waiter, spec, spec.kind.slot_key(key) in self.slots)
+                if not exc.transient or spec.wait == 0:
+                    raise
+                # A store restarting or failing over: a waiting caller keeps trying until its
+                # wait runs out (the attempt left nothing behind).
+                result, failure, waiter = AcquireResult(False), exc, None
+            except BaseException:
+                if waiter is not None:
+                    self.leave_queue(key, waiter, spec, spec.kind.slot_key(key) in self.slots)
                 raise
-            # A store restarting or failing over: a waiting caller keeps trying until its wait
-            # runs out (the attempt left nothing behind).
-            result, failure, waiter = AcquireResult(False), exc, None
-        except BaseException:
-            if waiter is not None:
-                self.leave_queue(key, waiter, spec, spec.kind.slot_key(key) in self.slots)
+            start = sent
+            if not result.acquired:
+                result, sent, token = self.wait(key, token, plan, spec, start, result, waiter, below, failure)
+            return self.take((key,), token, result, spec, plan, sent, start)
+        except BackendError as exc:
+            engine.tell("acquire_failed", key, kind.name, error=exc)
             raise
-        start = sent
-        if not result.acquired:
-            result, sent, token = self.wait(key, token, plan, spec, start, result, waiter, below, failure)
-        return self.take((key,), token, result, spec, plan, sent, start)
 
     def _first_waiter(self, key: str, spec: LockSpec) -> str | None:
         if spec.wait == 0:
@@ -174,12 +178,14 @@ class SyncRunner:
         kind = spec.kind
         deadline = _policy.wait_deadline(start, spec.wait)
         turn = False
+        waiting = False
         try:
             if deadline is not None and engine.clock() >= deadline:
                 if failure is not None:
                     raise failure
                 raise self._not_acquired(key, spec, start, result)
             self._busy(key, spec, result)
+            waiting = True
             if kind.own_place:
                 turn = True  # the wait loop leaves the queue itself
                 w = engine.waiting(self.store, (key,), token, plan, spec, start, result, waiter, below, failure)
@@ -216,9 +222,12 @@ class SyncRunner:
                 # queue itself).
                 self.leave_queue(key, waiter, spec, spec.kind.slot_key(key) in self.slots)
             raise
+        finally:
+            if waiting:  # however the wait ended: the waiting gauges go back down
+                engine.tell("wait_ended", key, kind.name, engine.clock() - start)
 
     def _busy(self, key: str, spec: LockSpec, result: AcquireResult) -> None:
-        self.engine.emit(LockEvent("waiting", key, spec.kind.name, 0.0))
+        self.engine.tell("waiting", key, spec.kind.name, 0.0)
         if log.isEnabledFor(logging.DEBUG):
             ends = "with no expiry" if result.holder_ttl is None else f"in {result.holder_ttl:.3f}s"
             limit = "forever" if spec.wait is None else f"up to {spec.wait:g}s"
@@ -233,14 +242,14 @@ class SyncRunner:
         if notifier is None:
             w.notify = False  # no notifier after all (a closed store): poll
         subscription: Any = None
+        announced = False  # a multi-key wait's "waiting" was emitted
         try:
             while True:
                 try:
                     step = w.step(clock(), engine.closed, subscription is not None and subscription.active)
                 except LockNotAcquired as exc:
-                    engine.emit(
-                        LockEvent("not_acquired", exc.key or w.keys[0], w.kind.name, exc.waited, number=w.tries)
-                    )
+                    why = "busy" if w.wait == 0 else "timeout"
+                    engine.tell("not_acquired", exc.key or w.keys[0], w.kind.name, exc.waited, why, number=w.tries)
                     raise
                 if step == ATTEMPT:
                     sent = clock()
@@ -253,7 +262,8 @@ class SyncRunner:
                     if w.attempted(result):
                         return result, sent, w.token
                     if w.multi and w.tries == 1 and w.wait != 0:
-                        engine.emit(LockEvent("waiting", w.keys[0], w.kind.name, 0.0))
+                        engine.tell("waiting", w.keys[0], w.kind.name, 0.0)
+                        announced = True
                 elif step == LISTEN:
                     if subscription is not None:
                         notifier.unsubscribe(subscription)
@@ -267,6 +277,8 @@ class SyncRunner:
                     woken = subscription.wait(w.pause) if subscription is not None else _sleep(w.pause)
                     w.paused(woken)
         finally:
+            if announced:
+                engine.tell("wait_ended", w.keys[0], w.kind.name, clock() - w.start)
             if subscription is not None:
                 notifier.unsubscribe(subscription)
             place = w.leaving(slot is not None and slot.users > 1)
@@ -277,7 +289,8 @@ class SyncRunner:
 
     def _not_acquired(self, key: str, spec: LockSpec, start: float, result: AcquireResult) -> LockNotAcquired:
         waited = self.engine.clock() - start
-        self.engine.emit(LockEvent("not_acquired", key, spec.kind.name, waited if spec.wait else 0.0))
+        why = "busy" if spec.wait == 0 else "timeout"
+        self.engine.tell("not_acquired", key, spec.kind.name, waited if spec.wait else 0.0, why)
         return not_acquired(key, spec.wait, waited, result)
 
     def _join_slot(self, key: str) -> _Slot:
@@ -300,23 +313,28 @@ class SyncRunner:
         """Take every key at once (see ``LockClient.multi_lock``), or re-enter them all: one
         hold per key, in the keys' order."""
         engine = self.engine
-        held = engine.multi_held(keys)
-        if held is not None:
-            entered = self._reenter_all(held)
-            if entered is not None:
-                return entered
-        plan = engine.plan(spec, keys[0], True)
-        w = engine.waiting(self.store, keys, new_token(), plan, spec, engine.clock(), AcquireResult(False), multi=True)
-        result, sent, token = self.run_wait(w, None)
-        holds: list[Hold] = []
         try:
-            engine.granted(keys, token, result, spec, plan, sent, holds, None, sent - w.start)
-        except BaseException:
-            for made in holds:
-                self.release(made)
-            self.discard(keys[len(holds) :], token, "lock")
+            held = engine.multi_held(keys)
+            if held is not None:
+                entered = self._reenter_all(held)
+                if entered is not None:
+                    return entered
+            plan = engine.plan(spec, keys[0], True)
+            start = engine.clock()
+            w = engine.waiting(self.store, keys, new_token(), plan, spec, start, AcquireResult(False), multi=True)
+            result, sent, token = self.run_wait(w, None)
+            holds: list[Hold] = []
+            try:
+                engine.granted(keys, token, result, spec, plan, sent, holds, None, sent - w.start)
+            except BaseException:
+                for made in holds:
+                    self.release(made)
+                self.discard(keys[len(holds) :], token, "lock")
+                raise
+            return holds
+        except BackendError as exc:
+            engine.tell("acquire_failed", keys[0], spec.kind.name, error=exc)
             raise
-        return holds
 
     def _reenter_all(self, held: list[Lease]) -> list[Hold] | None:
         """Re-enter every lease of ``held``; ``None`` when one was given back meanwhile (then
@@ -398,7 +416,7 @@ class SyncRunner:
         """A body that outlived its caller: release when it ends."""
         assert outcome.future is not None
         key = hold.lease.key
-        self.engine.emit(LockEvent("released_late", key, hold.lease.kind))
+        lease_event(self.engine.emit, "released_late", hold.lease)
 
         def release(future: Any) -> None:
             if not future.cancelled() and future.exception() is not None:

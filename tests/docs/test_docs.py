@@ -54,7 +54,6 @@ README = ROOT / "README.md"
 REPOSITORY = "https://github.com/lockaspect/lockaspect/"
 #: Pages other branches of issue 14 add: until they are merged, links and nav entries may
 #: name them. Once a page exists it is checked like any other (then drop it from here).
-PENDING_PAGES = {DOCS / "integrations" / f"{name}.md" for name in ("metrics", "starlette", "celery", "django")}
 LOCAL_REDIS = re.compile(r"\b(?:localhost|127\.0\.0\.1):6379\b")
 SIGNATURES = "<!-- signatures -->"
 CONTINUES = "<!-- continues -->"
@@ -164,8 +163,6 @@ def link_problems(page: Path) -> Iterator[str]:
             continue  # another site, mailto:
         path_part, _, anchor = target.partition("#")
         resolved = (page.parent / path_part).resolve() if path_part else page
-        if resolved in PENDING_PAGES and not resolved.exists():
-            continue
         if not resolved.exists():
             yield f"{where}: {path_part} does not exist"
             continue
@@ -417,11 +414,7 @@ def test_the_site_nav_has_every_page_and_only_pages_that_exist() -> None:
     named = {DOCS / page for _, page in entries}
     missing = [relative(page) for page in PAGES if page not in named]
     assert not missing, f"pages not in mkdocs.yml's nav: {missing}"
-    absent = [
-        f"mkdocs.yml:{line}: {page}"
-        for line, page in entries
-        if not (DOCS / page).exists() and DOCS / page not in PENDING_PAGES
-    ]
+    absent = [f"mkdocs.yml:{line}: {page}" for line, page in entries if not (DOCS / page).exists()]
     assert not absent, f"nav entries without a page: {absent}"
     assert len(entries) == len(named), "a page is in the nav twice"
 
@@ -430,12 +423,3 @@ def test_every_image_in_docs_is_shown() -> None:
     shown = {(link.path.parent / link.target).resolve() for page in PAGES for link in links(page) if link.image}
     unshown = [relative(image) for image in sorted((DOCS / "img").glob("*")) if image.resolve() not in shown]
     assert not unshown, f"images no page shows (benchmark plots belong on docs/benchmarks.md): {unshown}"
-
-
-def test_pending_pages_are_still_pending() -> None:
-    """Once every page of PENDING_PAGES is merged, the allowances for them must go."""
-    if all(page.exists() for page in PENDING_PAGES):
-        pytest.fail(
-            "docs/integrations/{metrics,starlette,celery,django}.md all exist now: drop PENDING_PAGES in "
-            "tests/docs/test_docs.py and the `links: not_found: info` / `nav: not_found: info` lines of mkdocs.yml"
-        )
