@@ -258,6 +258,14 @@ def test_a_bridge_acquire_cancelled_after_its_submit_gives_back_what_it_took(
         twin = store.asyncio_twin()
         assert isinstance(twin, AsyncBridgeStore)
         cancelled = 0
+        given_back: list[str] = []  # the tokens of cancelled attempts whose give-back has run
+        give_back = twin._give_back
+
+        def counted(done: Any, request: AcquireRequest) -> None:
+            give_back(done, request)
+            given_back.append(request.token)
+
+        twin._give_back = counted  # type: ignore[method-assign]
         holder = AcquireRequest(kind, ("k",), secrets.token_hex(16), 30.0)
         try:
             if busy:
@@ -279,11 +287,13 @@ def test_a_bridge_acquire_cancelled_after_its_submit_gives_back_what_it_took(
                         await twin.release("k", request.token, kind)
                     await twin.unqueue("k", twin.waiter_id(False), kind)
                 # the give-back of a cancelled attempt runs on its bridge thread once the attempt
-                # ends: wait for the store to show it before the next round
-                for _ in range(3000):
-                    if [state.holders for state in store.describe("k")] == ([1] if busy else []):
+                # ends (also when it never ran): wait for it before the next round
+                for _ in range(6000):
+                    if len(given_back) == cancelled:
                         break
                     await asyncio.sleep(0.01)
+                assert len(given_back) == cancelled
+                assert [state.holders for state in store.describe("k")] == ([1] if busy else [])
         finally:
             store.close()  # waits for the bridge threads (and the give-backs they run)
         check = open_store(url, namespace=namespace)
