@@ -240,3 +240,23 @@ def test_observers_of_one_registry_share_its_metrics(make_client: Callable[..., 
         with client.lock("shared:1"):
             pass
     assert Scrape(registry)("lockaspect_acquire_total", template="", kind="lock", outcome="acquired") == 2
+
+
+def test_enabled_with_one_line_through_configure(lock_server: LockServer, namespace: str) -> None:
+    """``configure(url=..., observers=[PrometheusObserver(registry)])``: the default client the
+    decorators use reports to the registry."""
+    from lockaspect import configure
+
+    registry = CollectorRegistry()
+    client = configure(url=lock_server.url, observers=[PrometheusObserver(registry)])
+    assert client is not None
+
+    @distributed_lock(key=namespace + "report:<account>")
+    def report(account: int) -> int:
+        return account
+
+    assert report(1) == 1
+    scrape = Scrape(registry)
+    template = namespace + "report:<account>"
+    assert scrape("lockaspect_acquire_total", template=template, kind="lock", outcome="acquired") == 1
+    assert "report:1" not in scrape.text.replace(template, "")  # the rendered key is never a label
