@@ -20,6 +20,7 @@ Markdown file's own).
 from __future__ import annotations
 
 import ast
+import contextvars
 import gc
 import inspect
 import keyword
@@ -127,6 +128,8 @@ def test_the_python_snippets_of_a_page_run(
     monkeypatch.chdir(ROOT)
     before = {id(obj) for obj in gc.get_objects() if isinstance(obj, LockClient)}
     namespace: dict[str, Any] = {}
+    # The page's own context: a lease a snippet leaves entered (current_lease) stays there.
+    context = contextvars.copy_context()
     try:
         for block in runnable(page):
             if block.previous != CONTINUES:
@@ -135,7 +138,7 @@ def test_the_python_snippets_of_a_page_run(
                 monkeypatch.setitem(sys.modules, module.__name__, module)
                 namespace = module.__dict__
             try:
-                run_block(block, namespace, docs_server)
+                context.run(run_block, block, namespace, docs_server)
             except Exception as exc:  # noqa: BLE001 - whatever a snippet raises fails the docs, naming its block
                 pytest.fail(
                     f"the ```python block at {block.where(ROOT)} raised {exc!r} (it runs on its own, or after "
