@@ -24,6 +24,7 @@ import contextvars
 import gc
 import inspect
 import keyword
+import logging
 import math
 import re
 import sys
@@ -130,6 +131,9 @@ def test_the_python_snippets_of_a_page_run(
     namespace: dict[str, Any] = {}
     # The page's own context: a lease a snippet leaves entered (current_lease) stays there.
     context = contextvars.copy_context()
+    # Logging as the snippets found it (docs/logging.md sets levels and handlers).
+    loggers = [logging.getLogger(), *(logging.getLogger(n) for n in list(logging.root.manager.loggerDict))]
+    logging_state = [(logger, logger.level, list(logger.handlers)) for logger in loggers]
     try:
         for block in runnable(page):
             if block.previous != CONTINUES:
@@ -150,6 +154,11 @@ def test_the_python_snippets_of_a_page_run(
         for obj in gc.get_objects():
             if isinstance(obj, LockClient) and id(obj) not in before and not obj.closed:
                 obj.close()
+        for logger, level, handlers in logging_state:
+            logger.setLevel(level)
+            logger.handlers[:] = handlers
+        for name in set(logging.root.manager.loggerDict) - {logger.name for logger in loggers}:
+            logging.getLogger(name).setLevel(logging.NOTSET)  # made by a snippet
 
 
 def link_problems(page: Path) -> Iterator[str]:
