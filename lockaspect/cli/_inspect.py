@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 import textwrap
 import threading
@@ -86,8 +87,14 @@ def list_command(args: argparse.Namespace) -> int:
 
 
 def _watch(out: Output, client: LockClient, args: argparse.Namespace) -> int:
-    """Refresh every ``--interval`` seconds until Ctrl-C (exit 0)."""
+    """Refresh every ``--interval`` seconds until Ctrl-C (or SIGTERM): exit 0.
+
+    The signal sets an event instead of raising KeyboardInterrupt, so it never lands inside
+    a store call (a connection pool's lock taken and never given back would hang the close)."""
     stop = threading.Event()
+    previous = {}
+    if threading.current_thread() is threading.main_thread():  # signals go to the main thread only
+        previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
 
     def header() -> str:
         return f"{_label(args)}  {time.strftime('%H:%M:%S')}  every {args.interval:g}s, Ctrl-C to stop"
@@ -97,10 +104,11 @@ def _watch(out: Output, client: LockClient, args: argparse.Namespace) -> int:
             from rich.live import Live
 
             with Live(console=out.console, auto_refresh=False, transient=False) as live:
-                while True:
+                while not stop.is_set():
                     live.update(_show_list(out, _held(client, args.pattern), args, header()), refresh=True)
                     stop.wait(args.interval)
-        while True:
+            return 0
+        while not stop.is_set():
             infos = _held(client, args.pattern)
             if out.json:
                 out.emit_json([info.to_dict() for info in infos])
@@ -110,8 +118,10 @@ def _watch(out: Output, client: LockClient, args: argparse.Namespace) -> int:
                 _show_list(out, infos, args, header())
                 out.line()
             stop.wait(args.interval)
-    except KeyboardInterrupt:
         return 0
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 @command("inspect")

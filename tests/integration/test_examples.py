@@ -27,21 +27,7 @@ class LeftKeys(AssertionError):
     """An example left keys in the server it ran on."""
 
 
-#: Examples known to leave keys behind, and why they are not fixed yet. The mark is strict and
-#: takes only LeftKeys: it fails once the example cleans up, and any other failure still fails.
-LEAVE_KEYS = {
-    "starlette_app.py": "writes orders-<run>: data and fence counters, deletes none (the starlette helper's file)",
-}
-PARAMS = [
-    pytest.param(
-        script,
-        id=script.stem,
-        marks=[pytest.mark.xfail(reason=LEAVE_KEYS[script.name], strict=True, raises=LeftKeys)]
-        if script.name in LEAVE_KEYS
-        else [],
-    )
-    for script in SCRIPTS
-]
+PARAMS = [pytest.param(script, id=script.stem) for script in SCRIPTS]
 
 
 def run_example(script: Path, url: str | None, variable: str = "LOCKASPECT_URL") -> subprocess.CompletedProcess[str]:
