@@ -64,8 +64,9 @@ def configure(
             its client's ``defaults=`` > these > the library's defaults. Replaces the
             defaults configured before; ``{}`` clears them.
         observers: Observers of the client this call builds from ``url`` (or, given alone,
-            of the default client built later from ``LOCKASPECT_URL``); a client you pass
-            in has its own.
+            of the default client built later from ``LOCKASPECT_URL``: once that client
+            exists, ``observers`` alone raise :class:`ConfigurationError`); a client you
+            pass in has its own.
         check: Run :meth:`LockClient.check` on the client built from ``url`` before it
             becomes the default: a misconfigured store fails here, at start-up.
 
@@ -94,6 +95,11 @@ def configure(
             "configure(check=True) checks the client it builds from url=: give url= (or call client.check())"
         )
     watchers = None if observers is None else Observers.check(observers)
+    if watchers is not None and url is None and _client is not None:
+        raise ConfigurationError(
+            "configure(observers=...): the default client exists already and keeps its observers; "
+            "give url= with them to build a new default client that has them"
+        )
     parsed = None if policies is None else _parse_policies(policies)
     process_defaults = None if defaults is None else _defaults.check_defaults(defaults, "configure()")
     new_client = None

@@ -19,6 +19,7 @@ from lockaspect import (
     KeyTemplateWarning,
     LockClient,
     LockNotAcquired,
+    config,
     configure,
     distributed_lock,
 )
@@ -319,3 +320,21 @@ def test_a_transaction_scoped_lock_takes_only_the_defaults_that_apply_to_it(
 
         @distributed_lock(key="t:<n>", client=client, scope="transaction", connection="conn", lease=30)
         def explicit(conn: object, n: int) -> None: ...
+
+
+def test_configure_observers_alone_go_to_the_client_built_from_the_environment(
+    lock_server: LockServer, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(config, "_client", None)
+    monkeypatch.setenv("LOCKASPECT_URL", lock_server.url)
+    seen: list[str] = []
+    configure(observers=[lambda event: seen.append(event.name)])
+
+    @distributed_lock(key=namespace + "env")
+    def work() -> None: ...
+
+    work()
+    assert "acquired" in seen
+    with pytest.raises(ConfigurationError, match="exists already"):
+        configure(observers=[print])  # the default client is built: it would be ignored
+    config.default_client().close()
