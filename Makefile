@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test docs lint typecheck unit bench bench-async bench-sql bench-zk bench-cluster clean
+.PHONY: demo test docs lint typecheck unit bench bench-async bench-sql bench-zk bench-cluster bench-scale clean
 
 $(BIN)/python:
 	@$(PYTHON) .ci/bootstrap_venv.py $(VENV)
@@ -69,6 +69,10 @@ bench-zk: $(VENV)/.installed-test
 ## bench-cluster: the Redis Cluster store against the raw RedisCluster floor, and its renewal round trips (about 2 minutes)
 bench-cluster: $(VENV)/.installed-test
 	$(BIN)/python bench/bench_cluster.py
+
+## bench-scale: 50,000 locks held by one thread and 5,000 by asyncio tasks under the watchdog (about 1 minute)
+bench-scale: $(VENV)/.installed-test
+	$(BIN)/python bench/bench_scale.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache site
