@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import queue
 from collections.abc import Awaitable, Callable
@@ -54,7 +55,9 @@ class _AsyncWire:
         self._make = _connection_factory(client, pool)
         self._free: list[Any] = []
         self._tokens = _tokens(pool)
-        self._waiters: list[asyncio.Future[None]] = []
+        # In arrival order; an OrderedDict, so a waiter leaves from anywhere in O(1) (thousands
+        # of tasks may wait for a connection at once).
+        self._waiters: collections.OrderedDict[asyncio.Future[None], None] = collections.OrderedDict()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._address: tuple[str, int] | None = None
         self._before: Callable[[], Awaitable[None]] | None = None
@@ -198,13 +201,13 @@ class _AsyncWire:
             loop = asyncio.get_running_loop()
             waiter: asyncio.Future[None] = loop.create_future()
             timer = loop.call_later(0.05, _resolve_none, waiter)
-            self._waiters.append(waiter)
+            self._waiters[waiter] = None
             try:
                 await waiter
             finally:
                 timer.cancel()
                 if waiter in self._waiters:
-                    self._waiters.remove(waiter)
+                    del self._waiters[waiter]
                 elif waiter.cancelled() and free:
                     self._wake_one()  # pass on a wake-up we will not use
         if connection.is_connected:
@@ -228,7 +231,7 @@ class _AsyncWire:
 
     def _wake_one(self) -> None:
         while self._waiters:
-            waiter = self._waiters.pop(0)
+            waiter, _ = self._waiters.popitem(last=False)
             if not waiter.done():
                 waiter.set_result(None)
                 return
