@@ -266,7 +266,14 @@ class Engine(Sweeping):
             failure=failure,
             multi=multi,
             owner=owner or self.owner,
+            handoff=not multi and self.hands_over(store, spec.kind),
         )
+
+    @staticmethod
+    def hands_over(store: Any, kind: LockKind) -> bool:
+        """Whether a release of ``store`` may make a waiter of ``kind`` the owner while it
+        waits (FAIR_HANDOFF): a waiter that gives up then gives its token back too."""
+        return kind.name == "fair" and bool(store.capabilities & Capability.FAIR_HANDOFF)
 
     def new_lease(
         self, key: str, token: str, fence: int, valid_for: float | None, spec: LockSpec, plan: Plan, sent: float,
