@@ -99,7 +99,8 @@ class Capability(enum.Flag):
     #: fair attempt with the granted token answers acquired with that fencing token and the
     #: lease renewed from then (a waiter that missed the message). A waiter that gives up
     #: gives its token back with :meth:`Store.release` after :meth:`Store.unqueue` (it may
-    #: have been granted).
+    #: have been granted). The notifiers' ``listening(key, waiter)`` takes a waiter id too
+    #: (a fair waiter id reused by a later wait of the process: its channel may still listen).
     FAIR_HANDOFF = enum.auto()
 
 

@@ -123,7 +123,9 @@ class AsyncRunner:
                 result, sent, token = await self.wait(
                     state, key, token, plan, spec, start, result, waiter, below, failure
                 )
-            return await self.take(state, (key,), token, result, spec, plan, sent, start)
+            hold = await self.take(state, (key,), token, result, spec, plan, sent, start)
+            engine.spare(key, kind, waiter)
+            return hold
         except BackendError as exc:
             engine.tell("acquire_failed", key, kind.name, error=exc)
             raise
@@ -133,7 +135,7 @@ class AsyncRunner:
             return None  # a single try never queues
         engine = self.engine
         if spec.kind.own_place or not engine.listens(spec):
-            return engine.early_waiter(spec, None)
+            return engine.early_waiter(spec, None, key)
         notifier = state.store.notifier()
         return engine.early_waiter(spec, notifier if notifier is not None and notifier.listening(key) else None)
 

@@ -94,7 +94,9 @@ class SyncRunner:
             start = sent
             if not result.acquired:
                 result, sent, token = self.wait(key, token, plan, spec, start, result, waiter, below, failure)
-            return self.take((key,), token, result, spec, plan, sent, start)
+            hold = self.take((key,), token, result, spec, plan, sent, start)
+            engine.spare(key, kind, waiter)
+            return hold
         except BackendError as exc:
             engine.tell("acquire_failed", key, kind.name, error=exc)
             raise
@@ -104,7 +106,7 @@ class SyncRunner:
             return None  # a single try never queues
         engine = self.engine
         if spec.kind.own_place or not engine.listens(spec):
-            return engine.early_waiter(spec, None)
+            return engine.early_waiter(spec, None, key)
         notifier = self.store.notifier()
         return engine.early_waiter(spec, notifier if notifier is not None and notifier.listening(key) else None)
 

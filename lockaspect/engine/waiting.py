@@ -26,6 +26,7 @@ waiters are served in order (``own_place``) and multi-key waiters keep a place o
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from os import urandom
 
@@ -34,7 +35,7 @@ from ..backends.base import AcquireRequest, AcquireResult
 from ..errors import BackendError, ConfigurationError, LockNotAcquired
 from ..kinds import LockKind
 
-__all__ = ["ATTEMPT", "LISTEN", "PAUSE", "SUBSCRIBE_TIMEOUT", "Waiting", "new_token", "take_grant"]
+__all__ = ["ATTEMPT", "LISTEN", "PAUSE", "SUBSCRIBE_TIMEOUT", "SpareIds", "Waiting", "new_token", "take_grant"]
 
 #: How long a waiter waits for the store to confirm its release subscription before it
 #: starts polling instead.
@@ -90,6 +91,7 @@ class Waiting:
         "own_id",
         "owner",
         "pause",
+        "primed",
         "queued",
         "registered",
         "result",
@@ -124,6 +126,7 @@ class Waiting:
         multi: bool = False,
         owner: Callable[[str], str] = str,
         handoff: bool = False,
+        primed: bool = False,
     ) -> None:
         self.keys = keys
         self.owner = owner
@@ -154,6 +157,7 @@ class Waiting:
         self.pause = 0.0
         self.sent = start  # when the last attempt left (the first was sent at the start)
         self.handoff = handoff
+        self.primed = primed  # our channel already listened when the queueing attempt left
         # The token of the last attempt that registered our lease with our queue place (a store
         # with FAIR_HANDOFF may make it the owner on release): a grant is for it, never for a
         # token replaced since (after a failed attempt; the store undoes that one).
@@ -229,6 +233,8 @@ class Waiting:
             self.waiter = process_id
             if self.queued is not None:
                 return  # queued by the failed attempt: wait for the wake-up
+        elif active and self.primed and self.queued is not None:
+            return  # queued by the first attempt, heard since before it: wait for the wake-up
         # Subscribed: retry at once (and queue for a wake-up), the holder may have released
         # meanwhile (a fair waiter may be first in line by now).
         self._next = ATTEMPT
@@ -308,6 +314,32 @@ class Waiting:
         if others and not self.own:
             return None
         return self.keys[0], self.waiter
+
+
+class SpareIds:
+    """Fair waiter ids given back by acquisitions (off every queue by then), by key: the next
+    fair waiter of the key in this process takes one and finds its wake-up channel still
+    subscribed (no SUBSCRIBE round trip, no attempt after subscribing). An id is used by one
+    waiter at a time; a few per key, for a bounded number of keys. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ids: dict[str, list[str]] = {}
+
+    def take(self, key: str) -> str | None:
+        with self._lock:
+            spare = self._ids.get(key)
+            return spare.pop() if spare else None
+
+    def give(self, key: str, waiter: str) -> None:
+        with self._lock:
+            spare = self._ids.get(key)
+            if spare is None:
+                if len(self._ids) >= 256:
+                    del self._ids[next(iter(self._ids))]
+                spare = self._ids[key] = []
+            if len(spare) < 16:
+                spare.append(waiter)
 
 
 def take_grant(subscription: object) -> int:

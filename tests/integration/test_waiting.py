@@ -764,6 +764,30 @@ class TestFairLock:
         assert fair_queue(store, holder, "desk") == []
         assert store.redis.exists(holder.backend.fair_queue_key("desk") + ":seen") == 0
 
+    def test_a_later_wait_reuses_the_waiter_id_and_its_channel_one_attempt_in_all(
+        self, mode: Mode, clients: Callable[..., LockClient], store: Store
+    ) -> None:
+        """A fair wait that acquired gives its waiter id back to the client: the next wait for
+        the key queues under it, finds its channel still subscribed, and makes one attempt
+        (the queueing one) before the release hands it the lock."""
+        holder, waiter = clients(), clients()
+        exclusion = Exclusion()
+        ids = []
+        for round_ in range(2):
+            before = store.acquire_attempts()
+            with holder.fair_lock("again", lease=HOLD):
+                future = mode.submit(waiter, "again", exclusion, round_, wait=None, lease=HOLD, fair=True)
+                wait_until(lambda: len(fair_queue(store, holder, "again")) == 1, "the waiter queued")
+                ids.append(fair_queue(store, holder, "again")[0])
+                # the holder's attempt and the waiter's queueing one; a fresh id's channel is
+                # subscribed first, then the waiter tries again (it may have missed a wake-up)
+                settled = 2 if round_ else 3
+                wait_until(lambda n=settled, b=before: store.acquire_attempts() - b >= n, "the waiter listens")
+            assert results([future])[0] > 0
+            assert store.acquire_attempts() - before == settled
+        assert ids[0] == ids[1], "the second wait queued under the first one's id"
+        assert exclusion.entered == [0, 1]
+
     def test_free_lock_goes_to_the_first_in_line_not_to_a_newcomer(
         self, mode: Mode, clients: Callable[..., LockClient], store: Store
     ) -> None:

@@ -7,7 +7,7 @@ import pytest
 
 from lockaspect import ConfigurationError, LockNotAcquired
 from lockaspect.backends.base import AcquireResult
-from lockaspect.engine.waiting import ATTEMPT, LISTEN, PAUSE, SUBSCRIBE_TIMEOUT, Waiting
+from lockaspect.engine.waiting import ATTEMPT, LISTEN, PAUSE, SUBSCRIBE_TIMEOUT, SpareIds, Waiting
 from lockaspect.errors import BackendError
 from lockaspect.kinds import FAIR, MUTEX
 
@@ -182,6 +182,28 @@ class TestHandoff:
         assert w.token != "t0"
         assert w.granted_token() is None  # the store undoes the failed attempt with the old token
         assert not w.paused(True, 7, 101.5)
+
+    def test_a_waiter_heard_since_before_its_queueing_attempt_waits_without_another(self) -> None:
+        w = self.fair(primed=True)
+        assert w.step(101.0, False, False) == LISTEN
+        w.listened(True, "proc")
+        assert w.step(101.0, False, True) == PAUSE  # no attempt: no wake-up can have been missed
+        w.listened(False, "proc")  # not confirmed after all: it may have missed one
+        assert w.step(101.0, False, False) == ATTEMPT
+
+    def test_spare_ids_are_handed_out_once_and_bounded(self) -> None:
+        spare = SpareIds()
+        assert spare.take("k") is None
+        spare.give("k", "n1")
+        assert (spare.take("k"), spare.take("k")) == ("n1", None)
+        for i in range(20):
+            spare.give("k", f"n{i}")
+        taken = [spare.take("k") for _ in range(20)]
+        assert taken == [f"n{i}" for i in range(15, -1, -1)] + [None] * 4  # at most 16 per key
+        for i in range(300):
+            spare.give(f"key{i}", "n")
+        assert spare.take("key0") is None  # the oldest keys are forgotten
+        assert spare.take("key299") == "n"
 
     def test_a_waiter_that_gives_up_gives_back_its_registered_token(self) -> None:
         w = self.fair()

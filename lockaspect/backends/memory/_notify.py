@@ -138,10 +138,11 @@ class _NotifierBase:
             self._shared.hub.join(waiter)
             self._mine.add(waiter)
 
-    def listening(self, key: str) -> bool:
-        """Whether a waiter of this notifier listens for ``key``'s wake-ups now."""
+    def listening(self, key: str, waiter: str | None = None) -> bool:
+        """Whether a waiter of this notifier (``waiter``, default :attr:`waiter_id`) listens
+        for ``key``'s wake-ups now."""
         with self._shared.mutex:
-            return self._shared.hub.listening((self._namespace + key, self.waiter_id))
+            return self._shared.hub.listening((self._namespace + key, waiter or self.waiter_id))
 
     def unsubscribe(self, subscription: Any) -> None:
         with self._shared.mutex:

@@ -150,11 +150,12 @@ class RedisNotifier:
             except (RedisError, OSError):  # pragma: no cover - closing a broken connection
                 pass
 
-    def listening(self, key: str) -> bool:
+    def listening(self, key: str, waiter: str | None = None) -> bool:
         """Whether this notifier already listens for wake-ups of ``key`` (so a first attempt
-        may queue at once: a wake-up that comes before its waiter registers is kept)."""
+        may queue at once: a wake-up that comes before its waiter registers is kept), for
+        ``waiter`` (default: :attr:`waiter_id`)."""
         with self._mutex:
-            return self._table.subscribed(self._channel_for(key, self.waiter_id).encode())
+            return self._table.subscribed(self._channel_for(key, waiter or self.waiter_id).encode())
 
     def unsubscribe(self, subscription: Any) -> None:
         with self._mutex:
@@ -381,9 +382,9 @@ class AsyncRedisNotifier:
             with contextlib.suppress(Exception):
                 await pubsub.aclose()
 
-    def listening(self, key: str) -> bool:
+    def listening(self, key: str, waiter: str | None = None) -> bool:
         """See :meth:`RedisNotifier.listening`."""
-        return self._table.subscribed(self._channel_for(key, self.waiter_id).encode())
+        return self._table.subscribed(self._channel_for(key, waiter or self.waiter_id).encode())
 
     def unsubscribe(self, subscription: Any) -> None:
         self._table.leave(subscription, time.monotonic())
