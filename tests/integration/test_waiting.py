@@ -763,6 +763,7 @@ class TestFairLock:
         assert store.publishes() == self.WAITERS
         assert fair_queue(store, holder, "desk") == []
         assert store.redis.exists(holder.backend.fair_queue_key("desk") + ":seen") == 0
+        assert store.redis.exists(holder.backend.fair_queue_key("desk") + ":grant") == 0
 
     def test_a_later_wait_reuses_the_waiter_id_and_its_channel_one_attempt_in_all(
         self, mode: Mode, clients: Callable[..., LockClient], store: Store
@@ -812,6 +813,7 @@ class TestFairLock:
                 results([mode.submit(waiter, "brief", Exclusion(), wait=1e-6, fair=True)])
             assert fair_queue(store, holder, "brief") == []
             assert store.redis.hlen(holder.backend.fair_queue_key("brief") + ":seen") == 0
+            assert store.redis.hlen(holder.backend.fair_queue_key("brief") + ":grant") == 0
 
     def test_gone_waiter_first_in_line_is_dropped(
         self, mode: Mode, clients: Callable[..., LockClient], store: Store
