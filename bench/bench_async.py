@@ -591,6 +591,8 @@ CONTENTION_LIBS: dict[str, tuple[str, bool]] = {
 }
 #: lockaspect rows the targets are checked for; the tasks row shows coalescing (information).
 TARGET_ROWS = ("la-sync", "la-async")
+#: The fair lock's sections/s against the mutex's (la-fair / la-sync), same run (issue 15).
+TARGET_FAIR_RATIO = 0.9
 
 
 def lib_label(name: str, args: argparse.Namespace) -> str:
@@ -1411,6 +1413,18 @@ def targets(results: dict[str, Any], args: argparse.Namespace) -> list[list[str]
                 f"{p99:.1f} ms vs {peer_p99:.1f} ms",
                 p99 <= peer_p99,
                 f"best peer: {labels[best_p99[0]]}",
+            )
+        # issue 15, target 4: the fair lock keeps up with the mutex, in strict order
+        fair, mutex = contention.get("la-fair", {}).get(p), contention.get("la-sync", {}).get(p)
+        if fair is None or mutex is None or not ok(fair) or not ok(mutex):
+            add(f"P={procs} fair lock: sections/s >= {TARGET_FAIR_RATIO}x the mutex, Jain >= 0.99", "-", None)
+        else:
+            ratio = fair["sections_per_s"] / mutex["sections_per_s"]
+            add(
+                f"P={procs} fair lock: sections/s >= {TARGET_FAIR_RATIO}x the mutex, Jain >= 0.99",
+                f"{ratio:.2f}x, Jain {fair['jain']:.3f}",
+                ratio >= TARGET_FAIR_RATIO and fair["jain"] >= 0.99,
+                f"{fair['sections_per_s']:,.0f} vs {mutex['sections_per_s']:,.0f} sections/s",
             )
     checked = [res for by_p in contention.values() for res in by_p.values() if "sections_per_s" in res]
     broken = [res for res in checked if not (res["counter_ok"] and not res["overlaps"])]

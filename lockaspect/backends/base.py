@@ -91,6 +91,17 @@ class Capability(enum.Flag):
     MULTI_KEY = enum.auto()
     #: After a write, the store can wait for replicas to confirm it (``wait_replicas``).
     REPLICAS = enum.auto()
+    #: A fair release hands the lock over itself: a busy fair attempt with a waiter id
+    #: registers the lease it would take (token, lease, owner record) with its queue place,
+    #: and a release whose wake-up of the first live waiter is received makes that waiter
+    #: the owner (a fresh fencing token, its lease, its record) and says so: the
+    #: subscription's ``granted`` holds that fencing token (0 for a plain wake-up). A later
+    #: fair attempt with the granted token answers acquired with that fencing token and the
+    #: lease renewed from then (a waiter that missed the message). A waiter that gives up
+    #: gives its token back with :meth:`Store.release` after :meth:`Store.unqueue` (it may
+    #: have been granted). The notifiers' ``listening(key, waiter)`` takes a waiter id too
+    #: (a fair waiter id reused by a later wait of the process: its channel may still listen).
+    FAIR_HANDOFF = enum.auto()
 
 
 class AcquireRequest(NamedTuple):

@@ -24,7 +24,7 @@ from ._loop import LoopState, LostCancel, _AsyncSlot, _quietly, cancelling, rais
 from .core import Engine, Plan
 from .holds import Hold
 from .outcome import lost_error
-from .waiting import ATTEMPT, LISTEN, Waiting, new_token, not_acquired
+from .waiting import ATTEMPT, LISTEN, Waiting, new_token, not_acquired, take_grant
 
 __all__ = ["AsyncRunner"]
 
@@ -110,20 +110,22 @@ class AsyncRunner:
                 result = await self.try_once(state, request, kind)
             except BackendError as exc:
                 if waiter is not None:
-                    await self.leave_queue(state, key, waiter, spec, kind.slot_key(key) in state.slots)
+                    await self.leave_queue(state, key, waiter, spec, kind.slot_key(key) in state.slots, token)
                 if not exc.transient or spec.wait == 0:
                     raise
                 result, failure, waiter = AcquireResult(False), exc, None
             except BaseException:
                 if waiter is not None:
-                    await self.leave_queue(state, key, waiter, spec, kind.slot_key(key) in state.slots)
+                    await self.leave_queue(state, key, waiter, spec, kind.slot_key(key) in state.slots, token)
                 raise
             start = sent
             if not result.acquired:
                 result, sent, token = await self.wait(
                     state, key, token, plan, spec, start, result, waiter, below, failure
                 )
-            return await self.take(state, (key,), token, result, spec, plan, sent, start)
+            hold = await self.take(state, (key,), token, result, spec, plan, sent, start)
+            engine.spare(key, kind, waiter)
+            return hold
         except BackendError as exc:
             engine.tell("acquire_failed", key, kind.name, error=exc)
             raise
@@ -133,7 +135,7 @@ class AsyncRunner:
             return None  # a single try never queues
         engine = self.engine
         if spec.kind.own_place or not engine.listens(spec):
-            return engine.early_waiter(spec, None)
+            return engine.early_waiter(spec, None, key)
         notifier = state.store.notifier()
         return engine.early_waiter(spec, notifier if notifier is not None and notifier.listening(key) else None)
 
@@ -178,12 +180,17 @@ class AsyncRunner:
 
         await asyncio.shield(state.spawn(discard()))
 
-    async def leave_queue(self, state: LoopState, key: str, waiter: str, spec: LockSpec, others: bool) -> None:
+    async def leave_queue(
+        self, state: LoopState, key: str, waiter: str, spec: LockSpec, others: bool, token: str
+    ) -> None:
         """Leave ``key``'s queue (shielded: it may run while the task is cancelled); ``others``:
-        other waiters of this loop still use the loop's place."""
+        other waiters of this loop still use the loop's place; then give ``token`` back if a
+        release may have handed it the lock (FAIR_HANDOFF)."""
         if not spec.kind.own_place and others:
             return
         await _quietly(state, state.store.unqueue(key, waiter, spec.kind.name))
+        if self.engine.hands_over(state.store, spec.kind):
+            await self.discard(state, (key,), token, spec.kind.name)
 
     # -- waiting --------------------------------------------------------------------------
 
@@ -261,7 +268,7 @@ class AsyncRunner:
                 # Timed out, cancelled or failed before our turn, at any await point (the wait
                 # loop leaves the queue itself).
                 others = slot.users > 1 if slot is not None else slot_key in state.slots
-                await self.leave_queue(state, key, waiter, spec, others)
+                await self.leave_queue(state, key, waiter, spec, others, token)
             raise
         finally:
             if slot is not None:
@@ -316,7 +323,8 @@ class AsyncRunner:
                     else:
                         await asyncio.sleep(w.pause)
                         woken = False
-                    w.paused(woken)
+                    if w.paused(woken, take_grant(subscription), clock()):
+                        return w.result, w.sent, w.token
         finally:
             if announced:
                 engine.tell("wait_ended", w.keys[0], w.kind.name, clock() - w.start)
@@ -327,6 +335,9 @@ class AsyncRunner:
                 # Gave up with no other waiter of ours to take over: leave the queue (shielded:
                 # this may run while the waiter is being cancelled).
                 await _quietly(state, store.unqueue(*place, w.kind.name))
+                granted = w.granted_token()
+                if granted is not None:  # a release may have handed us the lock meanwhile
+                    await self.discard(state, place[:1], granted, w.kind.name)
 
     def _not_acquired(self, key: str, spec: LockSpec, start: float, result: AcquireResult) -> LockNotAcquired:
         waited = self.engine.clock() - start

@@ -34,7 +34,7 @@ from . import manual
 from .events import call_event, lease_event, store_name
 from .holds import Hold, HoldRef
 from .sweep import Sweeping
-from .waiting import Waiting
+from .waiting import SpareIds, Waiting
 
 if TYPE_CHECKING:
     from .aio import AsyncRunner
@@ -118,6 +118,7 @@ class Engine(Sweeping):
         # key -> leases on it in this process (any context), for the re-entry fast path. Never
         # too low (a lease leaves only once its last hold is given back); the sweep recounts it.
         self.held_keys: dict[str, int] = {}
+        self.spare_ids = SpareIds()
         #: Called with the abandoned hold refs the sweep must release (set by the sync runner).
         self.release_abandoned: Callable[[HoldRef], None] = lambda ref: None
         if isinstance(store, ReportsLosses):
@@ -175,16 +176,24 @@ class Engine(Sweeping):
             lease_time = spec.max_hold
         return Plan(watchdog, lease_time, delay_weight)
 
-    def early_waiter(self, spec: LockSpec, notifier: Any) -> str | None:
+    def early_waiter(self, spec: LockSpec, notifier: Any, key: str = "") -> str | None:
         """The waiter id a first attempt may queue under: when the caller would wait and this
         process already listens for the key's wake-ups, a busy first attempt queues at once
         (one round trip fewer per contended acquisition). ``notifier``: the runner's."""
         if spec.kind.own_place:
             if spec.wait == 0:
                 return None
-            waiter: str = self.store.waiter_id(self.hears and spec.wait_strategy == "notify")
+            listens = self.hears and spec.wait_strategy == "notify"
+            spare = self.spare_ids.take(key) if listens and self.hands_over(self.store, spec.kind) else None
+            waiter: str = spare or self.store.waiter_id(listens)
             return waiter
         return None if notifier is None else notifier.waiter_id
+
+    def spare(self, key: str, kind: LockKind, waiter: str | None) -> None:
+        """An acquisition of ``kind`` for ``key`` that queued under ``waiter`` succeeded (the
+        store took the id off the queue): keep a fair waiter's id for the next (SpareIds)."""
+        if waiter is not None and waiter.startswith("n") and self.hands_over(self.store, kind):
+            self.spare_ids.give(key, waiter)
 
     def listens(self, spec: LockSpec) -> bool:
         """Whether a wait of ``spec`` listens for release messages."""
@@ -249,6 +258,8 @@ class Engine(Sweeping):
         """The wait loop's decisions for one caller (``store``: the runner's, for waiter ids;
         ``owner``: makes each attempt's owner record, default :meth:`owner`)."""
         own_id = store.waiter_id(True) if multi else (queued if spec.kind.own_place else None)
+        handoff = not multi and self.hands_over(store, spec.kind)
+        notifier = store.notifier() if handoff and queued is not None and self.listens(spec) else None
         return Waiting(
             keys,
             spec.kind,
@@ -266,7 +277,17 @@ class Engine(Sweeping):
             failure=failure,
             multi=multi,
             owner=owner or self.owner,
+            handoff=handoff,
+            # Its channel was subscribed before its queueing attempt (only its waiter subscribes
+            # it, so it still is): no wake-up was missed, no attempt is due once it listens.
+            primed=notifier is not None and notifier.listening(keys[0], queued),
         )
+
+    @staticmethod
+    def hands_over(store: Any, kind: LockKind) -> bool:
+        """Whether a release of ``store`` may make a waiter of ``kind`` the owner while it
+        waits (FAIR_HANDOFF): a waiter that gives up then gives its token back too."""
+        return kind.name == "fair" and bool(store.capabilities & Capability.FAIR_HANDOFF)
 
     def new_lease(
         self, key: str, token: str, fence: int, valid_for: float | None, spec: LockSpec, plan: Plan, sent: float,
@@ -464,6 +485,7 @@ class Engine(Sweeping):
         self.hooks = HookRunner()
         self.lock = threading.Lock()
         self.held_keys = {}
+        self.spare_ids = SpareIds()  # the parent's: two processes must never share a waiter id
         # The parent's holds are not this process's.
         self.leases = set()
         self.orphans.clear()

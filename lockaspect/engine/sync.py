@@ -26,7 +26,7 @@ from .core import Engine, Plan
 from .events import lease_event
 from .holds import Hold, HoldRef
 from .outcome import settle
-from .waiting import ATTEMPT, LISTEN, Waiting, new_token, not_acquired
+from .waiting import ATTEMPT, LISTEN, Waiting, new_token, not_acquired, take_grant
 
 __all__ = ["SyncRunner"]
 
@@ -81,7 +81,7 @@ class SyncRunner:
                 result = self.try_once(request, kind)
             except BackendError as exc:
                 if waiter is not None:
-                    self.leave_queue(key, waiter, spec, spec.kind.slot_key(key) in self.slots)
+                    self.leave_queue(key, waiter, spec, spec.kind.slot_key(key) in self.slots, token)
                 if not exc.transient or spec.wait == 0:
                     raise
                 # A store restarting or failing over: a waiting caller keeps trying until its
@@ -89,12 +89,14 @@ class SyncRunner:
                 result, failure, waiter = AcquireResult(False), exc, None
             except BaseException:
                 if waiter is not None:
-                    self.leave_queue(key, waiter, spec, spec.kind.slot_key(key) in self.slots)
+                    self.leave_queue(key, waiter, spec, spec.kind.slot_key(key) in self.slots, token)
                 raise
             start = sent
             if not result.acquired:
                 result, sent, token = self.wait(key, token, plan, spec, start, result, waiter, below, failure)
-            return self.take((key,), token, result, spec, plan, sent, start)
+            hold = self.take((key,), token, result, spec, plan, sent, start)
+            engine.spare(key, kind, waiter)
+            return hold
         except BackendError as exc:
             engine.tell("acquire_failed", key, kind.name, error=exc)
             raise
@@ -104,7 +106,7 @@ class SyncRunner:
             return None  # a single try never queues
         engine = self.engine
         if spec.kind.own_place or not engine.listens(spec):
-            return engine.early_waiter(spec, None)
+            return engine.early_waiter(spec, None, key)
         notifier = self.store.notifier()
         return engine.early_waiter(spec, notifier if notifier is not None and notifier.listening(key) else None)
 
@@ -143,13 +145,16 @@ class SyncRunner:
             except BackendError:
                 pass
 
-    def leave_queue(self, key: str, waiter: str, spec: LockSpec, others: bool) -> None:
+    def leave_queue(self, key: str, waiter: str, spec: LockSpec, others: bool, token: str) -> None:
         """Take ``waiter`` off ``key``'s queue when its wait ends before the wait loop (which
         does this itself): a waiter's own place always, the process's place only when no
-        other waiter of this process for ``key`` (``others``) is left to use it."""
+        other waiter of this process for ``key`` (``others``) is left to use it; then give
+        ``token`` back if a release may have handed it the lock (FAIR_HANDOFF)."""
         if not spec.kind.own_place and others:
             return
         self.unqueue(key, waiter, spec.kind.name)
+        if self.engine.hands_over(self.store, spec.kind):
+            self.discard((key,), token, spec.kind.name)
 
     def unqueue(self, key: str, waiter: str, kind: str) -> None:
         try:
@@ -220,7 +225,7 @@ class SyncRunner:
             if not turn and waiter is not None:
                 # Timed out, interrupted or failed before our turn (the wait loop leaves the
                 # queue itself).
-                self.leave_queue(key, waiter, spec, spec.kind.slot_key(key) in self.slots)
+                self.leave_queue(key, waiter, spec, spec.kind.slot_key(key) in self.slots, token)
             raise
         finally:
             if waiting:  # however the wait ended: the waiting gauges go back down
@@ -275,7 +280,8 @@ class SyncRunner:
                     w.listened(subscription.active, notifier.waiter_id)
                 else:
                     woken = subscription.wait(w.pause) if subscription is not None else _sleep(w.pause)
-                    w.paused(woken)
+                    if w.paused(woken, take_grant(subscription), clock()):
+                        return w.result, w.sent, w.token
         finally:
             if announced:
                 engine.tell("wait_ended", w.keys[0], w.kind.name, clock() - w.start)
@@ -286,6 +292,9 @@ class SyncRunner:
                 # Gave up with no other waiter of ours to take over: leave the queue, so a
                 # release wakes someone still waiting.
                 self.unqueue(*place, w.kind.name)
+                granted = w.granted_token()
+                if granted is not None:  # a release may have handed us the lock meanwhile
+                    self.discard(place[:1], granted, w.kind.name)
 
     def _not_acquired(self, key: str, spec: LockSpec, start: float, result: AcquireResult) -> LockNotAcquired:
         waited = self.engine.clock() - start

@@ -26,6 +26,7 @@ waiters are served in order (``own_place``) and multi-key waiters keep a place o
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from os import urandom
 
@@ -34,7 +35,7 @@ from ..backends.base import AcquireRequest, AcquireResult
 from ..errors import BackendError, ConfigurationError, LockNotAcquired
 from ..kinds import LockKind
 
-__all__ = ["ATTEMPT", "LISTEN", "PAUSE", "SUBSCRIBE_TIMEOUT", "Waiting", "new_token"]
+__all__ = ["ATTEMPT", "LISTEN", "PAUSE", "SUBSCRIBE_TIMEOUT", "SpareIds", "Waiting", "new_token", "take_grant"]
 
 #: How long a waiter waits for the store to confirm its release subscription before it
 #: starts polling instead.
@@ -75,6 +76,7 @@ class Waiting:
         "below",
         "deadline",
         "failure",
+        "handoff",
         "has_sub",
         "keys",
         "kind",
@@ -89,7 +91,9 @@ class Waiting:
         "own_id",
         "owner",
         "pause",
+        "primed",
         "queued",
+        "registered",
         "result",
         "sent",
         "start",
@@ -121,6 +125,8 @@ class Waiting:
         failure: BackendError | None = None,
         multi: bool = False,
         owner: Callable[[str], str] = str,
+        handoff: bool = False,
+        primed: bool = False,
     ) -> None:
         self.keys = keys
         self.owner = owner
@@ -149,7 +155,13 @@ class Waiting:
         self.attempt = 0
         self.tries = 0 if multi else 1
         self.pause = 0.0
-        self.sent = 0.0
+        self.sent = start  # when the last attempt left (the first was sent at the start)
+        self.handoff = handoff
+        self.primed = primed  # our channel already listened when the queueing attempt left
+        # The token of the last attempt that registered our lease with our queue place (a store
+        # with FAIR_HANDOFF may make it the owner on release): a grant is for it, never for a
+        # token replaced since (after a failed attempt; the store undoes that one).
+        self.registered: str | None = token if handoff and queued is not None and failure is None else None
         self.now = start  # the time of the last step
         self.listen_key = keys[0]
         self.listen_as: str | None = None
@@ -221,14 +233,32 @@ class Waiting:
             self.waiter = process_id
             if self.queued is not None:
                 return  # queued by the failed attempt: wait for the wake-up
+        elif active and self.primed and self.queued is not None:
+            return  # queued by the first attempt, heard since before it: wait for the wake-up
         # Subscribed: retry at once (and queue for a wake-up), the holder may have released
         # meanwhile (a fair waiter may be first in line by now).
         self._next = ATTEMPT
 
-    def paused(self, woken: bool) -> None:
+    def paused(self, woken: bool, granted: int = 0, now: float = 0.0) -> bool:
+        """The pause ended (``woken``: by a message); ``granted``: the fencing token of the hold
+        the release handed us with it (FAIR_HANDOFF), 0 for none. ``True``: the lock is ours
+        (:attr:`result` says so), with no round trip: its lease began after our last attempt
+        left, and is trusted from then (:attr:`sent`). A grant of which less than half the
+        lease is left by that count is confirmed by an attempt instead (it finds the lock ours
+        and renews its lease from then)."""
         self.woken = woken
         self.attempt += 1
         self._next = ATTEMPT
+        if granted and self.registered == self.token and now - self.sent < self.lease / 2:
+            self.result = AcquireResult(True, granted)
+            self.waiter = None  # the release took us off the queue
+            return True
+        return False
+
+    def granted_token(self) -> str | None:
+        """The token a fair release may have made the owner while we waited (FAIR_HANDOFF),
+        to give back with a release once off the queue when the wait ends without the lock."""
+        return self.token if self.registered is not None and self.registered == self.token else None
 
     def request(self, sent: float) -> AcquireRequest:
         """The next attempt (sent at ``sent``). Woken for this release but beaten to it: keep
@@ -249,6 +279,8 @@ class Waiting:
         if result.acquired:
             self.waiter = None
             return True
+        if self.handoff and self.waiter is not None:
+            self.registered = self.token
         return False
 
     def failed(self, exc: BackendError, now: float) -> None:
@@ -282,6 +314,41 @@ class Waiting:
         if others and not self.own:
             return None
         return self.keys[0], self.waiter
+
+
+class SpareIds:
+    """Fair waiter ids given back by acquisitions (off every queue by then), by key: the next
+    fair waiter of the key in this process takes one and finds its wake-up channel still
+    subscribed (no SUBSCRIBE round trip, no attempt after subscribing). An id is used by one
+    waiter at a time; a few per key, for a bounded number of keys. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ids: dict[str, list[str]] = {}
+
+    def take(self, key: str) -> str | None:
+        with self._lock:
+            spare = self._ids.get(key)
+            return spare.pop() if spare else None
+
+    def give(self, key: str, waiter: str) -> None:
+        with self._lock:
+            spare = self._ids.get(key)
+            if spare is None:
+                if len(self._ids) >= 256:
+                    del self._ids[next(iter(self._ids))]
+                spare = self._ids[key] = []
+            if len(spare) < 16:
+                spare.append(waiter)
+
+
+def take_grant(subscription: object) -> int:
+    """The fencing token a fair release handed over with its wake-up (FAIR_HANDOFF: the
+    subscription's ``granted``), consumed; 0 for none (no subscription, or another store)."""
+    granted: int = getattr(subscription, "granted", 0)
+    if granted:
+        subscription.granted = 0  # type: ignore[attr-defined]
+    return granted
 
 
 def not_acquired(key: str, wait: float | None, waited: float, result: AcquireResult) -> LockNotAcquired:

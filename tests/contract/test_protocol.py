@@ -132,12 +132,14 @@ def test_release_wakes_the_queued_waiter_and_unqueue_forgets_it(store: Store) ->
 
 
 def test_fair_try_without_waiter_fails_while_others_queue(store: Store) -> None:
-    holder, waiter = token(), store.waiter_id(False)
+    """The waiter keeps its token while it waits (as the engine does): a store with
+    FAIR_HANDOFF made it the owner on release, one without kept the lock for it."""
+    holder, waiter, mine = token(), store.waiter_id(False), token()
     assert store.acquire(req("fair", "f", holder)).acquired
-    assert not store.acquire(req("fair", "f", token(), waiter=waiter)).acquired
+    assert not store.acquire(req("fair", "f", mine, waiter=waiter)).acquired
     assert store.release("f", holder, "fair") == ReleaseResult.RELEASED
-    assert not store.acquire(req("fair", "f", token())).acquired  # promised to the waiter
-    assert store.acquire(req("fair", "f", token(), waiter=waiter)).acquired
+    assert not store.acquire(req("fair", "f", token())).acquired  # promised to (or held by) the waiter
+    assert store.acquire(req("fair", "f", mine, waiter=waiter)).acquired
 
 
 def test_semaphore_permits_mismatch_changes_nothing(store: Store) -> None:
@@ -236,3 +238,133 @@ def test_no_replicas_unless_declared(store: Store, make_store: Callable[[], Stor
 
     with pytest.raises(ConfigurationError):
         store.wait_for_replicas(1, 0.5)
+
+
+# -- FAIR_HANDOFF: a fair release makes the first waiter the owner ------------------------
+
+
+def skip_unless_handoff(store: Store) -> None:
+    if not store.capabilities & Capability.FAIR_HANDOFF:
+        pytest.skip(f"{store!r} has no FAIR_HANDOFF (its fair release wakes the first waiter, which then takes it)")
+
+
+def test_fair_release_hands_the_lock_to_the_first_waiter(store: Store) -> None:
+    """The woken waiter holds the lock with its own token, lease and owner record and a fresh
+    fencing token, which its wake-up carries; the next release hands it on in queue order."""
+    skip_unless_handoff(store)
+    notifier = store.notifier()
+    assert notifier is not None
+    holder, first, second = token(), token(), token()
+    first_id, second_id = store.waiter_id(True), store.waiter_id(True)
+    held = store.acquire(req("fair", "h", holder))
+    subscription = notifier.subscribe("h", 5.0, first_id)
+    assert subscription.active
+    asks = AcquireRequest("fair", ("h",), first, LEASE, first_id, owner='{"who": "first"}')
+    assert not store.acquire(asks).acquired
+    assert not store.acquire(req("fair", "h", second, waiter=second_id)).acquired
+    assert store.release("h", holder, "fair") == ReleaseResult.RELEASED
+    assert subscription.wait(10.0)
+    granted = subscription.granted  # type: ignore[attr-defined]
+    assert granted > held.fencing_token
+    assert store.reenter("h", first, "fair")
+    assert not store.acquire(req("fair", "h", token())).acquired
+    assert not store.acquire(req("fair", "h", second, waiter=second_id)).acquired
+    if isinstance(store, AdminStore):
+        (state,) = store.describe("h")
+        assert (state.kind, state.fencing_token) == ("fair", granted)
+        assert [(h.token, h.owner, h.fencing_token) for h in state.held_by] == [(first, '{"who": "first"}', granted)]
+    # its attempt (a wake-up lost, or a retry) finds the lock its own, with the same fence
+    again = store.acquire(req("fair", "h", first, waiter=first_id))
+    assert (again.acquired, again.fencing_token) == (True, granted)
+    notifier.unsubscribe(subscription)
+    assert store.release("h", first, "fair") == ReleaseResult.RELEASED
+    # nobody received the second's wake-up (it may still be subscribing): the lock stays free for it
+    assert not store.reenter("h", second, "fair")
+    assert not store.acquire(req("fair", "h", token())).acquired
+    taken = store.acquire(req("fair", "h", second, waiter=second_id))
+    assert taken.acquired
+    assert taken.fencing_token > granted
+
+
+def test_fair_grant_without_a_wakeup_is_found_by_the_next_attempt(store: Store) -> None:
+    """A wake-up the waiter never read (lost on its way, or the waiter was busy): its next
+    attempt finds the lock its own."""
+    skip_unless_handoff(store)
+    holder, mine, waiter = token(), token(), store.waiter_id(True)
+    subscription = listen(store, "lost", waiter)
+    held = store.acquire(req("fair", "lost", holder))
+    assert not store.acquire(req("fair", "lost", mine, waiter=waiter)).acquired
+    assert store.release("lost", holder, "fair") == ReleaseResult.RELEASED
+    assert not store.acquire(req("fair", "lost", token())).acquired
+    found = store.acquire(req("fair", "lost", mine, waiter=waiter))
+    assert found.acquired
+    assert found.fencing_token > held.fencing_token
+    assert store.release("lost", mine, "fair") == ReleaseResult.RELEASED
+    assert store.acquire(req("fair", "lost", token())).acquired  # nobody queues any more
+    store.notifier().unsubscribe(subscription)  # type: ignore[union-attr]
+
+
+def test_fair_waiter_that_gives_up_after_the_grant_hands_it_on(store: Store) -> None:
+    """A waiter that leaves the queue (unqueue) and then gives its token back (release) passes
+    a lock it was granted to the next waiter; one that left before the release is skipped."""
+    skip_unless_handoff(store)
+    holder, quitter, late, next_ = token(), token(), token(), token()
+    quitter_id, late_id, next_id = (store.waiter_id(True) for _ in range(3))
+    subscriptions = [listen(store, "quit", waiter) for waiter in (quitter_id, late_id, next_id)]
+    assert store.acquire(req("fair", "quit", holder)).acquired
+    assert not store.acquire(req("fair", "quit", late, waiter=late_id)).acquired
+    assert not store.acquire(req("fair", "quit", quitter, waiter=quitter_id)).acquired
+    assert not store.acquire(req("fair", "quit", next_, waiter=next_id)).acquired
+    store.unqueue("quit", late_id, "fair")  # gave up before the release: never granted
+    assert store.release("quit", late, "fair") == ReleaseResult.NOT_OWNER
+    assert store.release("quit", holder, "fair") == ReleaseResult.RELEASED
+    assert store.reenter("quit", quitter, "fair")
+    store.unqueue("quit", quitter_id, "fair")  # gave up after the release
+    assert store.release("quit", quitter, "fair") == ReleaseResult.RELEASED
+    assert store.reenter("quit", next_, "fair")
+    for subscription in subscriptions:
+        store.notifier().unsubscribe(subscription)  # type: ignore[union-attr]
+
+
+def test_fair_grant_to_a_dead_waiter_ends_with_its_lease(store: Store) -> None:
+    """A first waiter that died after its last attempt is granted the lock with the lease it
+    asked for: the lock is free again when that lease ends, and the next waiter gets it."""
+    skip_unless_handoff(store)
+    holder, dead, alive = token(), token(), token()
+    dead_id, alive_id = store.waiter_id(True), store.waiter_id(False)
+    subscription = listen(store, "dead", dead_id)  # received, never read: it died just then
+    assert store.acquire(req("fair", "dead", holder)).acquired
+    assert not store.acquire(AcquireRequest("fair", ("dead",), dead, 0.05, dead_id)).acquired
+    assert not store.acquire(req("fair", "dead", alive, waiter=alive_id)).acquired
+    assert store.release("dead", holder, "fair") == ReleaseResult.RELEASED
+    for _ in range(400):
+        later = store.acquire(req("fair", "dead", alive, waiter=alive_id))
+        if later.acquired:
+            break
+        threading.Event().wait(0.01)  # polling: nothing announces a lease's end
+    assert later.acquired
+    assert not store.reenter("dead", dead, "fair")
+    store.notifier().unsubscribe(subscription)  # type: ignore[union-attr]
+
+
+def test_fair_release_grants_nobody_it_cannot_tell(store: Store) -> None:
+    """A first waiter nobody receives the wake-up for (its process died with its connection,
+    or it is still subscribing) is not made the owner: the lock stays free for its next
+    attempt, and the waiter is skipped once its grace is over."""
+    skip_unless_handoff(store)
+    holder, mine, waiter = token(), token(), store.waiter_id(True)
+    assert store.acquire(req("fair", "deaf", holder)).acquired
+    assert not store.acquire(req("fair", "deaf", mine, waiter=waiter)).acquired
+    assert store.release("deaf", holder, "fair") == ReleaseResult.RELEASED
+    assert not store.reenter("deaf", mine, "fair")
+    assert not store.acquire(req("fair", "deaf", token())).acquired
+    assert store.acquire(req("fair", "deaf", mine, waiter=waiter)).acquired
+
+
+def listen(store: Store, key: str, waiter: str) -> object:
+    """A confirmed subscription to ``waiter``'s wake-ups of ``key``."""
+    notifier = store.notifier()
+    assert notifier is not None
+    subscription = notifier.subscribe(key, 5.0, waiter)
+    assert subscription.active
+    return subscription

@@ -735,7 +735,7 @@ with LockClient.from_url(url, namespace=namespace) as client:
 class TestFairLock:
     WAITERS = 4
 
-    def test_waiters_get_the_lock_in_arrival_order_one_attempt_per_handoff(
+    def test_waiters_get_the_lock_in_arrival_order_no_attempt_per_handoff(
         self, mode: Mode, clients: Callable[..., LockClient], store: Store
     ) -> None:
         """Waiters of two clients, interleaved, each with a place of its own: served in arrival order."""
@@ -758,10 +758,36 @@ class TestFairLock:
         assert exclusion.entered == list(range(self.WAITERS))
         assert exclusion.most_inside == 1
         assert tokens == sorted(tokens)
-        assert store.acquire_attempts() - released_at == self.WAITERS, "one attempt per handoff"
+        # each release hands the lock to the next waiter itself (FAIR_HANDOFF): no attempt follows
+        assert store.acquire_attempts() - released_at == 0, "no attempt per handoff"
         assert store.publishes() == self.WAITERS
         assert fair_queue(store, holder, "desk") == []
         assert store.redis.exists(holder.backend.fair_queue_key("desk") + ":seen") == 0
+        assert store.redis.exists(holder.backend.fair_queue_key("desk") + ":grant") == 0
+
+    def test_a_later_wait_reuses_the_waiter_id_and_its_channel_one_attempt_in_all(
+        self, mode: Mode, clients: Callable[..., LockClient], store: Store
+    ) -> None:
+        """A fair wait that acquired gives its waiter id back to the client: the next wait for
+        the key queues under it, finds its channel still subscribed, and makes one attempt
+        (the queueing one) before the release hands it the lock."""
+        holder, waiter = clients(), clients()
+        exclusion = Exclusion()
+        ids = []
+        for round_ in range(2):
+            before = store.acquire_attempts()
+            with holder.fair_lock("again", lease=HOLD):
+                future = mode.submit(waiter, "again", exclusion, round_, wait=None, lease=HOLD, fair=True)
+                wait_until(lambda: len(fair_queue(store, holder, "again")) == 1, "the waiter queued")
+                ids.append(fair_queue(store, holder, "again")[0])
+                # the holder's attempt and the waiter's queueing one; a fresh id's channel is
+                # subscribed first, then the waiter tries again (it may have missed a wake-up)
+                settled = 2 if round_ else 3
+                wait_until(lambda n=settled, b=before: store.acquire_attempts() - b >= n, "the waiter listens")
+            assert results([future])[0] > 0
+            assert store.acquire_attempts() - before == settled
+        assert ids[0] == ids[1], "the second wait queued under the first one's id"
+        assert exclusion.entered == [0, 1]
 
     def test_free_lock_goes_to_the_first_in_line_not_to_a_newcomer(
         self, mode: Mode, clients: Callable[..., LockClient], store: Store
@@ -787,6 +813,7 @@ class TestFairLock:
                 results([mode.submit(waiter, "brief", Exclusion(), wait=1e-6, fair=True)])
             assert fair_queue(store, holder, "brief") == []
             assert store.redis.hlen(holder.backend.fair_queue_key("brief") + ":seen") == 0
+            assert store.redis.hlen(holder.backend.fair_queue_key("brief") + ":grant") == 0
 
     def test_gone_waiter_first_in_line_is_dropped(
         self, mode: Mode, clients: Callable[..., LockClient], store: Store
@@ -811,7 +838,7 @@ class TestFairLock:
             wait_until(lambda: store.acquire_attempts() - before >= 3, "the live waiter's retry once subscribed")
             released_at = store.acquire_attempts()
         assert results([future])[0] > 0
-        assert store.acquire_attempts() - released_at == 1
+        assert store.acquire_attempts() - released_at == 0, "handed over by the release"
         assert fair_queue(store, holder, "skip") == []
 
     def test_polling_waiter_keeps_its_place(self, mode: Mode, clients: Callable[..., LockClient], store: Store) -> None:

@@ -143,3 +143,46 @@ class TestCancelledDuringSubscribe:
 
         asyncio.run(main())
         assert got == [2]
+
+
+class TestCancelledAfterTheGrant:
+    def test_a_fair_waiter_cancelled_once_the_release_handed_it_the_lock_hands_it_on(
+        self, make_client: Callable[..., LockClient], holder: LockClient, raw: Any
+    ) -> None:
+        """The release makes the first waiter the owner (FAIR_HANDOFF) and the waiter is
+        cancelled before it reads its wake-up: it gives the lock back, to the next in line,
+        instead of leaving it held by nobody for its lease."""
+        first, second = make_client(), make_client()
+        queue = holder.backend.fair_queue_key("g")
+        entered: list[str] = []
+
+        async def enter(client: LockClient, who: str) -> None:
+            async with client.fair_lock("g", wait=30, lease=30):
+                entered.append(who)
+
+        async def subscribed(place: int) -> None:
+            while True:  # bounded by the wait_for around the test
+                ids = raw.lrange(queue, 0, -1)
+                if len(ids) > place:
+                    channel = holder.backend.lock_key("g") + ":wake:" + ids[place].decode()
+                    if raw.pubsub_numsub(channel)[0][1] > 0:
+                        return
+                await asyncio.sleep(0.005)
+
+        async def main() -> None:
+            with holder.fair_lock("g", wait=0, lease=30):
+                cancelled = asyncio.create_task(enter(first, "first"))
+                await subscribed(0)
+                served = asyncio.create_task(enter(second, "second"))
+                await subscribed(1)
+            # released, from the loop's thread: the first cannot read its wake-up yet
+            assert raw.llen(queue) == 1, "the release took the first off the queue: it holds the lock"
+            cancelled.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await cancelled
+            await served
+
+        asyncio.run(asyncio.wait_for(main(), 20))
+        assert entered == ["second"]
+        with holder.fair_lock("g", wait=0):  # nobody holds it, nobody queues
+            pass

@@ -66,11 +66,30 @@ def test_fair_waiter_that_stops_trying_drops_out(store: MemoryStore, clock: Manu
     assert not store.acquire(req("fair", "q", "t1", waiter="p-first")).acquired
     clock.advance(1.0)
     assert not store.acquire(req("fair", "q", "t2", waiter="p-second")).acquired
-    assert store.release("q", "holder", "fair") == ReleaseResult.RELEASED
-    # free, but promised to the first in line: the second waits, a try without an id too
-    assert not store.acquire(req("fair", "q", "t2", waiter="p-second")).acquired
     assert not store.acquire(req("fair", "q", "t3")).acquired
     clock.advance(FAIR_GONE_AFTER)  # the first made no attempt for FAIR_GONE_AFTER + 1 s
+    assert store.release("q", "holder", "fair") == ReleaseResult.RELEASED
+    # the first is gone: the release hands the lock to the second, not to a try without an id
+    assert not store.acquire(req("fair", "q", "t3")).acquired
+    assert not store.reenter("q", "t1", "fair")
+    second = store.acquire(req("fair", "q", "t2", waiter="p-second"))
+    assert second.acquired
+    assert second.fencing_token == 2
+
+
+def test_fair_grant_to_a_dead_head_waiter_expires_with_its_lease(store: MemoryStore, clock: ManualClock) -> None:
+    """The release makes the first live waiter the owner with the lease it registered: if it
+    died meanwhile, the lock is held by nobody alive for that lease, no longer."""
+    notifier = store.notifier()
+    assert notifier is not None
+    notifier.subscribe("q", 1.0, "n-first")  # its wake-up is received, never read
+    assert store.acquire(req("fair", "q", "holder")).acquired
+    assert not store.acquire(req("fair", "q", "dead", 2.0, waiter="n-first")).acquired
+    assert not store.acquire(req("fair", "q", "t2", waiter="p-second")).acquired
+    assert store.release("q", "holder", "fair") == ReleaseResult.RELEASED
+    assert store.reenter("q", "dead", "fair")
+    assert not store.acquire(req("fair", "q", "t2", waiter="p-second")).acquired
+    clock.advance(2.0)
     assert store.acquire(req("fair", "q", "t2", waiter="p-second")).acquired
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from lockaspect import ConfigurationError, LockNotAcquired
 from lockaspect.backends.base import AcquireResult
-from lockaspect.engine.waiting import ATTEMPT, LISTEN, PAUSE, SUBSCRIBE_TIMEOUT, Waiting
+from lockaspect.engine.waiting import ATTEMPT, LISTEN, PAUSE, SUBSCRIBE_TIMEOUT, SpareIds, Waiting
 from lockaspect.errors import BackendError
 from lockaspect.kinds import FAIR, MUTEX
 
@@ -145,6 +145,71 @@ class TestOwnPlace:
         request = w.request(101.0)
         assert (request.kind, request.waiter, request.front) == ("fair", "n-own", False)
         assert w.leaving(True) == ("k", "n-own")
+
+
+class TestHandoff:
+    """A fair waiter on a store with FAIR_HANDOFF: the release's wake-up may say it holds the lock."""
+
+    def fair(self, **options: object) -> Waiting:
+        return waiting(kind=FAIR, notify=True, queued="n1", own_id="n1", handoff=True, **options)
+
+    def test_a_grant_for_the_registered_token_is_the_lock_without_a_round_trip(self) -> None:
+        w = self.fair()
+        assert w.step(101.0, False, False) == LISTEN
+        w.listened(True, "proc")
+        assert w.step(101.0, False, True) == ATTEMPT
+        assert w.request(101.0).waiter == "n1"
+        assert not w.attempted(BUSY)
+        assert w.step(101.5, False, True) == PAUSE
+        assert w.paused(True, 7, 103.0)
+        assert (w.result.acquired, w.result.fencing_token, w.sent, w.token) == (True, 7, 101.0, "t0")
+        assert w.leaving(False) is None  # the release took it off the queue
+
+    def test_the_first_attempt_registers_too_and_a_plain_wake_up_is_retried(self) -> None:
+        w = self.fair()
+        assert w.granted_token() == "t0"  # the queueing first attempt (sent at the start)
+        assert not w.paused(True, 0, 101.0)
+        assert w.step(101.0, False, False) == ATTEMPT
+
+    def test_a_grant_with_less_than_half_the_lease_left_is_confirmed_by_an_attempt(self) -> None:
+        w = self.fair(deadline=None, wait=None)
+        assert not w.paused(True, 7, 100.0 + 15.0)  # sent at 100, lease 30
+        assert w.step(115.0, False, False) == ATTEMPT  # it finds the lock its own, renewed from then
+
+    def test_no_grant_for_a_token_replaced_after_a_failed_attempt(self) -> None:
+        w = self.fair()
+        w.failed(BackendError("reset", transient=True), 101.0)
+        assert w.token != "t0"
+        assert w.granted_token() is None  # the store undoes the failed attempt with the old token
+        assert not w.paused(True, 7, 101.5)
+
+    def test_a_waiter_heard_since_before_its_queueing_attempt_waits_without_another(self) -> None:
+        w = self.fair(primed=True)
+        assert w.step(101.0, False, False) == LISTEN
+        w.listened(True, "proc")
+        assert w.step(101.0, False, True) == PAUSE  # no attempt: no wake-up can have been missed
+        w.listened(False, "proc")  # not confirmed after all: it may have missed one
+        assert w.step(101.0, False, False) == ATTEMPT
+
+    def test_spare_ids_are_handed_out_once_and_bounded(self) -> None:
+        spare = SpareIds()
+        assert spare.take("k") is None
+        spare.give("k", "n1")
+        assert (spare.take("k"), spare.take("k")) == ("n1", None)
+        for i in range(20):
+            spare.give("k", f"n{i}")
+        taken = [spare.take("k") for _ in range(20)]
+        assert taken == [f"n{i}" for i in range(15, -1, -1)] + [None] * 4  # at most 16 per key
+        for i in range(300):
+            spare.give(f"key{i}", "n")
+        assert spare.take("key0") is None  # the oldest keys are forgotten
+        assert spare.take("key299") == "n"
+
+    def test_a_waiter_that_gives_up_gives_back_its_registered_token(self) -> None:
+        w = self.fair()
+        assert w.leaving(False) == ("k", "n1")
+        assert w.granted_token() == "t0"
+        assert waiting(kind=FAIR, queued="n1", own_id="n1").granted_token() is None  # no FAIR_HANDOFF
 
 
 class TestMultiKey:

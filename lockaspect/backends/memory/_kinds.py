@@ -346,7 +346,7 @@ class MemoryState(StateBase):
         lock = self.live_lock(key, now)
         if lock is not None:
             held = True
-            self.lock_release(key, lock.owner, now, lock.kind == "fair")
+            self.lock_release(key, lock.owner, now, lock.kind == "fair", grant=False)  # as force_release.lua
         sem = self.live_semaphore(key, now)
         if sem.holders:
             held = True

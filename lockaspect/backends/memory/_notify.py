@@ -35,6 +35,7 @@ class _Shared(Protocol):
 class _Waiter(Protocol):
     channel: Channel
     active: bool
+    granted: int
 
     def wake(self) -> None: ...
 
@@ -47,11 +48,15 @@ class Hub:
         self.channels: dict[Channel, set[_Waiter]] = {}
         self.fired: list[_Waiter] = []
 
-    def publish(self, key: str, waiter: str) -> int:
-        """Wake the listeners of ``(key, waiter)``; how many channels received it (0 or 1)."""
+    def publish(self, key: str, waiter: str, granted: int = 0) -> int:
+        """Wake the listeners of ``(key, waiter)`` (``granted``: the fencing token of the hold
+        the release gave that waiter); how many channels received it (0 or 1)."""
         listeners = self.channels.get((key, waiter))
         if not listeners:
             return 0
+        if granted:
+            for listener in listeners:
+                listener.granted = granted
         self.fired.extend(listeners)
         return 1
 
@@ -80,11 +85,12 @@ class Hub:
 class _Subscription:
     """A thread's registration for one channel (see :class:`~lockaspect.backends.base.Subscription`)."""
 
-    __slots__ = ("_event", "active", "channel")
+    __slots__ = ("_event", "active", "channel", "granted")
 
     def __init__(self, channel: Channel, active: bool) -> None:
         self.channel = channel
         self.active = active
+        self.granted = 0  # see Capability.FAIR_HANDOFF
         self._event = Wakeup()
 
     def wait(self, timeout: float) -> bool:
@@ -97,11 +103,12 @@ class _Subscription:
 class _AsyncSubscription:
     """A task's registration for one channel; woken from any thread through its loop."""
 
-    __slots__ = ("_wakeup", "active", "channel")
+    __slots__ = ("_wakeup", "active", "channel", "granted")
 
     def __init__(self, channel: Channel, loop: asyncio.AbstractEventLoop, active: bool) -> None:
         self.channel = channel
         self.active = active
+        self.granted = 0  # see Capability.FAIR_HANDOFF
         self._wakeup = AsyncWakeup(loop)
 
     async def wait(self, timeout: float) -> bool:
@@ -131,10 +138,11 @@ class _NotifierBase:
             self._shared.hub.join(waiter)
             self._mine.add(waiter)
 
-    def listening(self, key: str) -> bool:
-        """Whether a waiter of this notifier listens for ``key``'s wake-ups now."""
+    def listening(self, key: str, waiter: str | None = None) -> bool:
+        """Whether a waiter of this notifier (``waiter``, default :attr:`waiter_id`) listens
+        for ``key``'s wake-ups now."""
         with self._shared.mutex:
-            return self._shared.hub.listening((self._namespace + key, self.waiter_id))
+            return self._shared.hub.listening((self._namespace + key, waiter or self.waiter_id))
 
     def unsubscribe(self, subscription: Any) -> None:
         with self._shared.mutex:

@@ -19,7 +19,7 @@ A lease whose end has come (``ends <= now``) is gone: every operation drops what
 expired before it looks, so expiry needs no timer (and a test can drive it with a
 :class:`~lockaspect.testing.ManualClock`).
 
-Waking a waiter is :attr:`MemoryState.publish` ``(key, waiter)``, which answers how many
+Waking a waiter is :attr:`MemoryState.publish` ``(key, waiter, granted)``, which answers how many
 listeners received it (as Redis's ``PUBLISH``); the store points it at its notifier hub.
 """
 
@@ -43,7 +43,7 @@ WAKE_LIMIT: Final = 16
 FAIR_SCAN: Final = 64
 
 
-def _nobody(key: str, waiter: str) -> int:
+def _nobody(key: str, waiter: str, granted: int = 0) -> int:
     """The default :attr:`MemoryState.publish`: nobody listens."""
     return 0
 
@@ -69,14 +69,18 @@ class Queue:
     ids: list[str]
     until: float
     seen: dict[str, float] = field(default_factory=dict)
+    #: The fair lock's waiters' registered leases (``…:fair:grant``): waiter id -> (token,
+    #: lease, owner record), what release.lua grants to the first of them.
+    grants: dict[str, tuple[str, float, str]] = field(default_factory=dict)
 
 
 class StateBase:
     """Queues, fencing counters, the mutex, the fair lock and the multi-key lock."""
 
     def __init__(self) -> None:
-        #: Wakes ``waiter`` for a release of ``key``; answers how many received it.
-        self.publish: Callable[[str, str], int] = _nobody
+        #: Wakes ``waiter`` for a release of ``key`` (``granted``: the fencing token of the hold
+        #: the release gave it, 0 for none); answers how many received it.
+        self.publish: Callable[[str, str, int], int] = _nobody
         self.fences: dict[str, int] = {}
         self.locks: dict[str, Hold] = {}
         self.queues: dict[tuple[str, str], Queue] = {}
@@ -113,6 +117,7 @@ class StateBase:
         if there:
             found.ids = [queued for queued in found.ids if queued != waiter]
         found.seen.pop(waiter, None)
+        found.grants.pop(waiter, None)
         if not found.ids:
             del self.queues[(role, key)]
         return there
@@ -135,7 +140,7 @@ class StateBase:
             if not found.ids:
                 break
             waiter = found.ids.pop(0)
-            if self.publish(key, waiter) > 0 and one:
+            if self.publish(key, waiter, 0) > 0 and one:
                 break
         if not found.ids:
             del self.queues[(role, key)]
@@ -184,6 +189,7 @@ class StateBase:
                 gone += 1
             for queued in found.ids[:gone]:
                 found.seen.pop(queued, None)
+                found.grants.pop(queued, None)
             del found.ids[:gone]
             first = found.ids[0] if found.ids else None
         held = self.live_lock(key, now)
@@ -195,9 +201,12 @@ class StateBase:
                 self.queue("fair", key, now)  # drops it if the gone ones emptied it
             return AcquireResult(True, held.fence)
         if held is not None and held.owner == token:
+            held.ends = now + request.lease  # granted by a release while we waited: from now on
             return AcquireResult(True, held.fence)
         if waiter is not None:
-            self.enqueue("fair", key, waiter, now).seen[waiter] = now
+            queue = self.enqueue("fair", key, waiter, now)
+            queue.seen[waiter] = now
+            queue.grants[waiter] = (token, request.lease, request.owner)
         else:
             self.queue("fair", key, now)
         if held is None:
@@ -235,35 +244,47 @@ class StateBase:
         tokens = tuple(fences[key] for key in request.keys)
         return AcquireResult(True, tokens[0], fencing_tokens=tokens)
 
-    def lock_release(self, key: str, token: str, now: float, fair: bool) -> ReleaseResult:
+    def lock_release(self, key: str, token: str, now: float, fair: bool, grant: bool = True) -> ReleaseResult:
         held = self.live_lock(key, now)
         if held is None or held.owner != token:
             return ReleaseResult.NOT_OWNER
         del self.locks[key]
         if fair:
-            self.fair_wake(key, now)
+            self.fair_wake(key, now, grant)
         else:
             self.wake("lock", key, now)
         return ReleaseResult.RELEASED
 
-    def fair_wake(self, key: str, now: float) -> None:
-        """release.lua's fair part: wake the first live waiter that somebody receives for; one
-        nobody receives for keeps its place while it polls ("p" ids) or is within its grace,
-        else it is skipped (popped), as is a gone one."""
+    def fair_wake(self, key: str, now: float, grant: bool = True) -> None:
+        """release.lua's fair part: the first live waiter that somebody receives for gets the
+        lock (its registered lease, a fresh fencing token) and a wake-up saying so; one nobody
+        receives for keeps its place (and the lock stays free for it) while it polls ("p"
+        ids) or is within its grace, else it is skipped (popped), as is a gone one. Without
+        ``grant`` (force_release.lua), only the wake-up."""
         found = self.queue("fair", key, now)
         if found is None:
             return
         skipped = 0
+        chosen: str | None = None
+        fence = self.fences.get(key, 0) + 1  # what a grant takes (next_fence below)
         for queued in found.ids[:WAKE_LIMIT]:
             at = found.seen.get(queued)
             if at is not None and now - at <= FAIR_GONE_AFTER:
-                if self.publish(key, queued) > 0:
+                granted = fence if grant and queued in found.grants else 0
+                if self.publish(key, queued, granted) > 0:
+                    chosen = queued
                     break
                 if queued.startswith("p") or now - at <= FAIR_SUBSCRIBE_GRACE:
                     break
             skipped += 1
+        lease = None if chosen is None or not grant else found.grants.get(chosen)
+        if lease is not None:
+            token, seconds, record = lease
+            self.locks[key] = Hold(token, self.next_fence(key), now + seconds, "fair", record)
+            skipped += 1  # the new owner leaves the queue
         for queued in found.ids[:skipped]:
             found.seen.pop(queued, None)
+            found.grants.pop(queued, None)
         del found.ids[:skipped]
         self.queue("fair", key, now)
 

@@ -104,6 +104,7 @@ class _MemoryBase:
         | Capability.RELEASE_NOTIFY
         | Capability.FENCING
         | Capability.MULTI_KEY
+        | Capability.FAIR_HANDOFF
     )
     kinds = KINDS
 

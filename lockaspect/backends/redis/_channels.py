@@ -25,6 +25,8 @@ class Waiter(Protocol):
 
     channel: bytes
     active: bool
+    #: The fencing token a fair release handed over with its wake-up (0: none).
+    granted: int
 
     def wake(self) -> None: ...
 

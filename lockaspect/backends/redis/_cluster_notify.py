@@ -64,9 +64,9 @@ class ClusterNotifier:
             return _Subscription(self._channel_for(key, waiter or self.waiter_id).encode())
         return notifier.subscribe(key, timeout, waiter)
 
-    def listening(self, key: str) -> bool:
+    def listening(self, key: str, waiter: str | None = None) -> bool:
         notifier = self._for(key)
-        return notifier is not None and notifier.listening(key)
+        return notifier is not None and notifier.listening(key, waiter)
 
     def unsubscribe(self, subscription: Any) -> None:
         # The subscription's node may have changed since; leaving a node it never joined is a no-op.
@@ -124,9 +124,9 @@ class AsyncClusterNotifier:
             return _AsyncSubscription(self._channel_for(key, waiter or self.waiter_id).encode())
         return await notifier.subscribe(key, timeout, waiter)
 
-    def listening(self, key: str) -> bool:
+    def listening(self, key: str, waiter: str | None = None) -> bool:
         notifier = self._for(key)
-        return notifier is not None and notifier.listening(key)
+        return notifier is not None and notifier.listening(key, waiter)
 
     def unsubscribe(self, subscription: Any) -> None:
         for notifier, _ in list(self._nodes.values()):

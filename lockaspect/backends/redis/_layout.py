@@ -99,6 +99,7 @@ class _Layout:
         | Capability.FENCING
         | Capability.MULTI_KEY
         | Capability.REPLICAS
+        | Capability.FAIR_HANDOFF
     )
     kinds = frozenset({"lock", "fair", "semaphore", "read", "write"})
     #: Redis Cluster: the hash slot of a user key (all its store keys share it), by which
@@ -193,7 +194,7 @@ class _Layout:
         head = (token.encode(), b"%d" % _ms(lease), owner.encode())
         if fair:
             # Without a waiter id ("": a try-once call) the attempt is still fair, but queues nothing.
-            fair_keys = (lock, lock + b":fence", lock + b":fair", lock + b":fair:seen")
+            fair_keys = (lock, lock + b":fence", lock + b":fair", lock + b":fair:seen", lock + b":fair:grant")
             return fair_keys, (*head, (waiter or "").encode(), b"fair", _FAIR_GONE_MS)
         keys = (lock, lock + b":fence", lock + b":waiters")
         if waiter is None:
@@ -203,7 +204,7 @@ class _Layout:
     @staticmethod
     def _release_request(lock: bytes, token: str, fair: bool) -> Encoded:
         if fair:
-            return (lock, lock + b":fair", lock + b":fair:seen"), (
+            return (lock, lock + b":fair", lock + b":fair:seen", lock + b":fence", lock + b":fair:grant"), (
                 token.encode(),
                 b"fair",
                 _FAIR_GONE_MS,
@@ -238,7 +239,7 @@ class _Layout:
         if kind in ("read", "write"):
             return (lock + b":rw:waiters", lock + b":rw:wq", lock + b":rw:w"), (waiter.encode(), b"zset", lock)
         if kind == "fair":
-            return (lock + b":fair", lock + b":fair:seen"), (waiter.encode(), b"hash")
+            return (lock + b":fair", lock + b":fair:seen", lock + b":fair:grant"), (waiter.encode(), b"hash")
         return (lock + b":waiters",), (waiter.encode(),)
 
     # -- semaphores --

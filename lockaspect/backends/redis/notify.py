@@ -45,17 +45,29 @@ def _kind(message: dict[str, Any]) -> tuple[bytes, bytes]:
     return kind, message["channel"]
 
 
+def _granted(message: dict[str, Any]) -> int:
+    """The fencing token of a fair release's hand-over (``granted:<fencing token>``, see
+    release.lua), or 0 for a plain wake-up."""
+    data = message.get("data")
+    if isinstance(data, str):
+        data = data.encode()
+    if isinstance(data, bytes) and data.startswith(b"granted:") and data[8:].isdigit():
+        return int(data[8:])
+    return 0
+
+
 class _Subscription:
     """A sync waiter's registration for release messages of one lock. (A :class:`Wakeup`,
     not a ``threading.Event``: a waiter interrupted by a signal handler's exception must not
     leave a lock behind that the reader thread then blocks on.)"""
 
-    __slots__ = ("_event", "active", "channel")
+    __slots__ = ("_event", "active", "channel", "granted")
 
     def __init__(self, channel: bytes) -> None:
         self.channel = channel
         self._event = Wakeup()
         self.active = False
+        self.granted = 0  # see Capability.FAIR_HANDOFF
 
     def wait(self, timeout: float) -> bool:
         return self._event.wait(timeout)
@@ -138,11 +150,12 @@ class RedisNotifier:
             except (RedisError, OSError):  # pragma: no cover - closing a broken connection
                 pass
 
-    def listening(self, key: str) -> bool:
+    def listening(self, key: str, waiter: str | None = None) -> bool:
         """Whether this notifier already listens for wake-ups of ``key`` (so a first attempt
-        may queue at once: a wake-up that comes before its waiter registers is kept)."""
+        may queue at once: a wake-up that comes before its waiter registers is kept), for
+        ``waiter`` (default: :attr:`waiter_id`)."""
         with self._mutex:
-            return self._table.subscribed(self._channel_for(key, self.waiter_id).encode())
+            return self._table.subscribed(self._channel_for(key, waiter or self.waiter_id).encode())
 
     def unsubscribe(self, subscription: Any) -> None:
         with self._mutex:
@@ -207,7 +220,10 @@ class RedisNotifier:
         kind, name = _kind(message)
         with self._mutex:
             if kind == b"message":
+                granted = _granted(message)
                 for waiter in self._table.message(name, time.monotonic()):
+                    if granted:
+                        waiter.granted = granted
                     waiter.wake()
             elif kind == b"unsubscribe" and self._sharded and not self._table.expects(name, kind):
                 return False
@@ -248,13 +264,14 @@ class RedisNotifier:
 class _AsyncSubscription:
     """An async waiter's registration for release messages of one lock."""
 
-    __slots__ = ("_future", "_woken", "active", "channel")
+    __slots__ = ("_future", "_woken", "active", "channel", "granted")
 
     def __init__(self, channel: bytes) -> None:
         self.channel = channel
         self._future: asyncio.Future[bool] | None = None
         self._woken = False
         self.active = False
+        self.granted = 0  # see Capability.FAIR_HANDOFF
 
     async def wait(self, timeout: float) -> bool:
         # A future and a call_later, not asyncio.wait_for (a task per wait on Python 3.11).
@@ -365,9 +382,9 @@ class AsyncRedisNotifier:
             with contextlib.suppress(Exception):
                 await pubsub.aclose()
 
-    def listening(self, key: str) -> bool:
+    def listening(self, key: str, waiter: str | None = None) -> bool:
         """See :meth:`RedisNotifier.listening`."""
-        return self._table.subscribed(self._channel_for(key, self.waiter_id).encode())
+        return self._table.subscribed(self._channel_for(key, waiter or self.waiter_id).encode())
 
     def unsubscribe(self, subscription: Any) -> None:
         self._table.leave(subscription, time.monotonic())
@@ -426,7 +443,10 @@ class AsyncRedisNotifier:
         """See :meth:`RedisNotifier._dispatch`."""
         kind, name = _kind(message)
         if kind == b"message":
+            granted = _granted(message)
             for waiter in self._table.message(name, time.monotonic()):
+                if granted:
+                    waiter.granted = granted
                 waiter.wake()
         elif kind == b"unsubscribe" and self._sharded and not self._table.expects(name, kind):
             return False

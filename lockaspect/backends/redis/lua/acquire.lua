@@ -15,6 +15,9 @@
 --          release and popped by it; for the fair lock ":fair", in arrival order, where the
 --          lock goes only to the first (release.lua)
 -- KEYS[4]  fair lock only (":fair:seen"): hash {waiter id = server ms of its last attempt}
+-- KEYS[5]  fair lock only, optional (":fair:grant"): hash {waiter id = the lease its last busy
+--          attempt would take: "<lease ms> <token length> <token><owner record>"}, which
+--          release.lua grants to the first waiter (it makes that waiter the owner)
 -- ARGV[1]  owner token (any string)
 -- ARGV[2]  lease in milliseconds
 -- ARGV[3]  the owner record to keep with the hold ("" for none); a repeated request keeps
@@ -28,6 +31,8 @@
 -- ARGV[6]  fair lock only: ms after its last attempt that a waiter counts as gone
 --
 -- returns  fence >= 1   acquired: fence is the INCR of KEYS[2], one hold is recorded.
+--                       A fair request whose token holds the lock already (a release
+--                       granted it: release.lua) gets its fence and the lease from now on.
 --                       A counter that does not exist yet, or that the store lost (a
 --                       restart without persistence, an eviction), starts from the server
 --                       clock in microseconds: above every token the lost counter issued,
@@ -54,6 +59,9 @@ if fair then
   queue = redis.call('LRANGE', KEYS[3], 0, 64)
   -- read even when the queue is empty: the hash is written below
   local seen = redis.call('HMGET', KEYS[4], waiter or '', unpack(queue))
+  if KEYS[5] then
+    redis.call('HEXISTS', KEYS[5], '') -- read before the writes below: fails on another type
+  end
   for i = 1, math.min(#queue, 64) do
     local at = tonumber(seen[i + 1])
     if at and now - at <= tonumber(ARGV[6]) then
@@ -80,6 +88,9 @@ end
 if gone > 0 then
   redis.call('LTRIM', KEYS[3], gone, -1)
   hdel_all(KEYS[4], {unpack(queue, 1, gone)})
+  if KEYS[5] then
+    hdel_all(KEYS[5], {unpack(queue, 1, gone)})
+  end
 end
 if takes then
   fence = fence_write(KEYS[2], seed)
@@ -93,6 +104,9 @@ if takes then
     if fair then
       redis.call('LREM', KEYS[3], 0, waiter)
       redis.call('HDEL', KEYS[4], waiter)
+      if KEYS[5] then
+        redis.call('HDEL', KEYS[5], waiter)
+      end
     elseif queued then
       redis.call('LREM', KEYS[3], 0, waiter)
     end
@@ -100,6 +114,9 @@ if takes then
   return fence
 end
 if fence then
+  if fair then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2]) -- granted while we waited: trusted from this request
+  end
   return fence
 end
 if waiter then
@@ -118,6 +135,10 @@ if waiter then
   if fair then
     redis.call('HSET', KEYS[4], waiter, now)
     redis.call('PEXPIRE', KEYS[4], 60000)
+    if KEYS[5] then
+      redis.call('HSET', KEYS[5], waiter, ARGV[2] .. ' ' .. #ARGV[1] .. ' ' .. ARGV[1] .. ARGV[3])
+      redis.call('PEXPIRE', KEYS[5], 60000)
+    end
   end
 end
 if pttl == -2 then

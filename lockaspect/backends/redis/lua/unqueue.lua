@@ -3,7 +3,8 @@
 -- KEYS[1]  the lock's waiter queue (see acquire.lua, sem_acquire.lua, rw_acquire.lua)
 -- KEYS[2]  optional: where the waiter is also registered: the fair lock's last-seen hash
 --          (ARGV[2] "hash"), or a read-write lock's waiting writers (ARGV[2] "zset")
--- KEYS[3]  with "zset": the read-write lock's writer hash
+-- KEYS[3]  with "zset": the read-write lock's writer hash; with "hash", optional: the fair
+--          lock's registered leases (acquire.lua's KEYS[5])
 -- ARGV[1]  waiter id
 -- ARGV[2]  with KEYS[2]: "hash" or "zset"
 -- ARGV[3]  with "zset": the wake-up channel prefix (see rw_release.lua)
@@ -19,6 +20,9 @@ if KEYS[2] then
       and redis.call('EXISTS', KEYS[3]) == 0
   else
     redis.call('HEXISTS', KEYS[2], ARGV[1]) -- read before the HDEL below: fails on another type
+    if KEYS[3] then
+      redis.call('HEXISTS', KEYS[3], ARGV[1])
+    end
   end
 end
 -- writes from here on: the LREM first (it fails, if the queue holds another type, before
@@ -32,6 +36,9 @@ if KEYS[2] then
     end
   else
     redis.call('HDEL', KEYS[2], ARGV[1])
+    if KEYS[3] then
+      redis.call('HDEL', KEYS[3], ARGV[1])
+    end
   end
 end
 return removed
