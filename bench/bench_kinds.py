@@ -8,7 +8,12 @@
 3. RedLock over 5 local servers: lockaspect's ``LockClient.from_urls`` against pottery's
    ``Redlock`` (the Python peer), uncontended cycles, relative to lockaspect's single-server lock.
 
+The multi-key rows (issue 15, target 3: a 2-key cycle >= 0.85x a mutex cycle) include the
+same cycle with the set given back key by key (a store without ``release_many``: the path
+before the one-round-trip release, and still the one of stores without it).
+
     python bench/bench_kinds.py [--cycles 5000] [--rounds 5] [--procs 4] [--seconds 3] [--url redis://...]
+    python bench/bench_kinds.py --cycles-only      # section 1 alone
 """
 
 from __future__ import annotations
@@ -25,13 +30,20 @@ from contextlib import ExitStack
 from typing import Any
 
 from lockaspect import LockClient
+from lockaspect.backends.redis import RedisStore
 
 WARMUP = 500
 SECTION = 0.001  # seconds inside each contended section
 READS = 0.95
 
 
-def kinds(client: LockClient) -> dict[str, Callable[[str], Any]]:
+class _KeyByKey(RedisStore):
+    """The Redis store without ``release_many``: the engine gives a multi-key set back key by key."""
+
+    release_many = None  # type: ignore[assignment]
+
+
+def kinds(client: LockClient, key_by_key: LockClient) -> dict[str, Callable[[str], Any]]:
     """name -> how to take one lock of that kind (a context manager)."""
     return {
         "client.lock (mutex)": client.lock,
@@ -40,6 +52,7 @@ def kinds(client: LockClient) -> dict[str, Callable[[str], Any]]:
         "client.rw_lock().read()": lambda key: client.rw_lock(key).read(),
         "client.rw_lock().write()": lambda key: client.rw_lock(key).write(),
         "client.multi_lock(2 keys)": lambda key: client.multi_lock([key, key + ":2"]),
+        "multi_lock(2), key by key": lambda key: key_by_key.multi_lock([key, key + ":2"]),
     }
 
 
@@ -135,6 +148,7 @@ def main() -> None:
     parser.add_argument("--procs", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--url", help="a running server (default: start a throwaway valkey-server)")
+    parser.add_argument("--cycles-only", action="store_true", help="section 1 alone")
     args = parser.parse_args()
     with ExitStack() as stack:
         url = args.url
@@ -143,20 +157,25 @@ def main() -> None:
 
             url = stack.enter_context(LockServer()).url
         client = stack.enter_context(LockClient.from_url(url, namespace="bench-kinds:"))
-        takers = kinds(client)
+        key_by_key = stack.enter_context(LockClient(_KeyByKey.from_url(url, namespace="bench-kinds-kbk:")))
+        takers = kinds(client, key_by_key)
         rates: dict[str, list[float]] = {name: [] for name in takers}
         names = list(takers)
         for round_no in range(args.rounds):
             order = names[round_no % len(names) :] + names[: round_no % len(names)]
             for name in order:
                 rates[name].append(measure(takers[name], args.cycles))
-        base = statistics.median(rates[names[0]])
         print(f"1. uncontended cycles/s, median of {args.rounds} interleaved runs of {args.cycles:,} ({url})")
-        print(f"{'kind':<26} {'cycles/s':>10} {'x mutex':>8}")
+        print("   x mutex: the median of each round's ratio to the mutex run of that round; spread: min-max")
+        print(f"{'kind':<28} {'cycles/s':>10} {'x mutex':>8} {'spread':>13}")
         for name in names:
+            ratios = [rate / base for rate, base in zip(rates[name], rates[names[0]], strict=True)]
             median = statistics.median(rates[name])
-            print(f"{name:<26} {median:>10,.0f} {median / base:>7.2f}x")
+            spread = f"{min(ratios):.2f}-{max(ratios):.2f}"
+            print(f"{name:<28} {median:>10,.0f} {statistics.median(ratios):>7.2f}x {spread:>13}")
         print()
+        if args.cycles_only:
+            return
         print(
             f"2. read-heavy contention: {args.procs} processes, {READS:.0%} reads, {SECTION * 1000:g} ms sections, "
             f"{args.seconds:g} s"

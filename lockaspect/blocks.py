@@ -174,8 +174,7 @@ class MultiLockBlock:
         try:
             multi, holds = self._unwind()
         finally:
-            for hold in reversed(holds):
-                self._engine.sync.release(hold)
+            self._engine.sync.release_all(holds)
         for lease in multi.leases:
             raise_if_lost(lease, exc)
 
@@ -205,9 +204,7 @@ class MultiLockBlock:
         try:
             multi, holds = self._unwind()
         finally:
-            state = runner.state()
-            for hold in reversed(holds):
-                await runner.release(hold, state)
+            await runner.release_all(holds, runner.state())
         _uncancel_lost(lost_cancel, exc, multi.leases)
         for lease in multi.leases:
             raise_if_lost(lease, exc)

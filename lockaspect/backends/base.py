@@ -26,7 +26,7 @@ import threading
 from collections.abc import Callable, Collection, Sequence
 from typing import NamedTuple, Protocol, runtime_checkable
 
-from ..errors import ConfigurationError
+from ..errors import BackendError, ConfigurationError
 from .admin import AddsPermits as AddsPermits
 from .admin import AdminStore as AdminStore
 from .admin import AsyncAdminStore as AsyncAdminStore
@@ -41,6 +41,7 @@ __all__ = [
     "AdminStore",
     "AsyncAdminStore",
     "AsyncNotifier",
+    "AsyncReleasesMany",
     "AsyncStore",
     "AsyncSubscription",
     "Capability",
@@ -49,6 +50,8 @@ __all__ = [
     "LossCallback",
     "Notifier",
     "ReleaseResult",
+    "ReleaseStatus",
+    "ReleasesMany",
     "RenewItem",
     "RenewStatus",
     "ReportsLosses",
@@ -353,6 +356,35 @@ class AsyncStore(Protocol):
     def notifier(self) -> AsyncNotifier | None: ...
 
     async def aclose(self) -> None: ...
+
+
+#: One key's part of :meth:`ReleasesMany.release_many`: what its release did, or the
+#: :class:`~lockaspect.BackendError` of its own release when the store needed several round
+#: trips (a cluster's keys over several slots) and that one failed.
+ReleaseStatus = ReleaseResult | BackendError
+
+
+@runtime_checkable
+class ReleasesMany(Protocol):
+    """The optional part of a MULTI_KEY store that gives a multi-key lock back in one round
+    trip. The engine uses it for a multi-key lock's last holds, when the store has it, and
+    releases key by key otherwise."""
+
+    def release_many(self, keys: Sequence[str], token: str) -> Sequence[ReleaseStatus]:
+        """Give back ``token``'s ``"lock"`` holds of ``keys`` (a multi-key lock's, taken with
+        that one token) at once: one :data:`ReleaseStatus` per key, in order, each what
+        :meth:`Store.release` of that key alone would answer. A key no longer held by
+        ``token`` is ``NOT_OWNER`` and changes nothing; the others are still released, and
+        each released key wakes its next waiter (one wake-up per release per key). Raises
+        :class:`~lockaspect.BackendError` when the call as a whole failed."""
+        ...
+
+
+@runtime_checkable
+class AsyncReleasesMany(Protocol):
+    """:class:`ReleasesMany` for an :class:`AsyncStore`."""
+
+    async def release_many(self, keys: Sequence[str], token: str) -> Sequence[ReleaseStatus]: ...
 
 
 #: How a store reports holds it knows are lost without being asked: ``callback(tokens,

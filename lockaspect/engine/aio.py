@@ -10,7 +10,8 @@ import asyncio
 import inspect
 import logging
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 from .. import _policy
@@ -23,6 +24,7 @@ from ..owner import owner_record
 from ._loop import LoopState, LostCancel, _AsyncSlot, _quietly, cancelling, raise_if_cancel_lost
 from .core import Engine, Plan
 from .holds import Hold
+from .many import arelease_all
 from .outcome import lost_error
 from .waiting import ATTEMPT, LISTEN, Waiting, new_token, not_acquired, take_grant
 
@@ -415,6 +417,11 @@ class AsyncRunner:
         """Give back one hold, in a task of its own: a caller cancelled meanwhile stops
         waiting, the release does not (and waits on nothing but its own round trip)."""
         await asyncio.shield(state.spawn(self._release(hold, state)))
+
+    async def release_all(self, holds: Sequence[Hold], state: LoopState) -> None:
+        """:meth:`release` for a multi-key lock's holds: one store call for the set (see :mod:`.many`)."""
+        release = partial(self._release_store, state=state)
+        await asyncio.shield(state.spawn(arelease_all(self.engine, state.store, holds, release)))
 
     async def _release(self, hold: Hold, state: LoopState) -> None:
         ref = hold.ref

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from typing import Any
 
@@ -25,6 +25,7 @@ from ..renewal import Renewal
 from .core import Engine, Plan
 from .events import lease_event
 from .holds import Hold, HoldRef
+from .many import release_all
 from .outcome import settle
 from .waiting import ATTEMPT, LISTEN, Waiting, new_token, not_acquired, take_grant
 
@@ -390,11 +391,17 @@ class SyncRunner:
         # Given back: its weak reference may die with it (no callback, no sweep for nothing).
         hold.ref = None
 
+    def release_all(self, holds: Sequence[Hold]) -> None:
+        """Give back a multi-key lock's holds: one store call for the set (see :mod:`.many`)."""
+        release_all(self.engine, self.store, holds, self._release_store)
+
     def _give_back(self, ref: HoldRef, abandoned: bool = False) -> None:
+        lease = self.engine.give_back(ref)
+        if lease is not None:
+            self._release_store(lease, abandoned)
+
+    def _release_store(self, lease: Lease, abandoned: bool = False) -> None:
         engine = self.engine
-        lease = engine.give_back(ref)
-        if lease is None:
-            return
         code: ReleaseResult | BackendError
         try:
             code = self.store.release(lease.key, lease.token, lease.kind)

@@ -13,9 +13,11 @@ import pytest
 from lockaspect.backends.base import (
     AcquireRequest,
     AdminStore,
+    AsyncReleasesMany,
     AsyncStore,
     Capability,
     ReleaseResult,
+    ReleasesMany,
     RenewItem,
     Store,
 )
@@ -368,3 +370,85 @@ def listen(store: Store, key: str, waiter: str) -> object:
     subscription = notifier.subscribe(key, 5.0, waiter)
     assert subscription.active
     return subscription
+
+
+# -- ReleasesMany: a multi-key lock given back in one call --
+
+RELEASE_MANY_KEYS = ("rm:1", "rm:2", "rm:3")
+
+
+def _release_many_store(store: Store) -> ReleasesMany:
+    if not isinstance(store, ReleasesMany):
+        pytest.skip(f"{store!r} releases a multi-key lock key by key (no release_many)")
+    if not store.capabilities & Capability.RELEASE_NOTIFY:  # pragma: no cover - every ReleasesMany store has it
+        pytest.skip(f"{store!r} has no RELEASE_NOTIFY")
+    return store
+
+
+def test_release_many(store: Store) -> None:
+    """One call gives back the set: a key stolen meanwhile answers NOT_OWNER and stays the
+    thief's, the others are released, and each released key wakes its first waiter (one
+    wake-up per key: the second waiter of a key is not woken)."""
+    many = _release_many_store(store)
+    owner, thief = token(), token()
+    first = store.acquire(AcquireRequest("lock", RELEASE_MANY_KEYS, owner, LEASE))
+    assert first.acquired
+    notifier = store.notifier()
+    assert notifier is not None
+    waiters = {key: store.waiter_id(True) for key in ("rm:1", "rm:3")}
+    second = store.waiter_id(True)
+    subscriptions = {}
+    for key, waiter in [*waiters.items(), ("rm:1:second", second)]:
+        lock = key.removesuffix(":second")
+        assert not store.acquire(req("lock", lock, token(), waiter=waiter)).acquired
+        subscriptions[key] = notifier.subscribe(lock, 5.0, waiter)
+        assert subscriptions[key].active
+    _admin(store).force_release("rm:2")
+    assert store.acquire(req("lock", "rm:2", thief)).acquired
+    statuses = many.release_many(RELEASE_MANY_KEYS, owner)
+    assert list(statuses) == [ReleaseResult.RELEASED, ReleaseResult.NOT_OWNER, ReleaseResult.RELEASED]
+    assert subscriptions["rm:1"].wait(10.0)
+    assert subscriptions["rm:3"].wait(10.0)
+    assert not subscriptions["rm:1:second"].wait(0.3)
+    for subscription in subscriptions.values():
+        notifier.unsubscribe(subscription)
+    assert store.reenter("rm:2", thief)
+    for key, fence_before in zip(("rm:1", "rm:3"), (first.fencing_tokens[0], first.fencing_tokens[2]), strict=True):
+        assert not store.reenter(key, owner)
+        assert store.acquire(req("lock", key, token())).fencing_token > fence_before
+    assert list(many.release_many(RELEASE_MANY_KEYS, owner)) == [ReleaseResult.NOT_OWNER] * 3
+
+
+def test_release_many_async(store: Store) -> None:
+    """:func:`test_release_many` on the asyncio twin."""
+    _release_many_store(store)
+    owner, thief = token(), token()
+
+    async def main() -> None:
+        twin = store.asyncio_twin()
+        assert isinstance(twin, AsyncReleasesMany)
+        try:
+            first = await twin.acquire(AcquireRequest("lock", RELEASE_MANY_KEYS, owner, LEASE))
+            assert first.acquired
+            notifier = twin.notifier()
+            assert notifier is not None
+            subscriptions = []
+            for key in ("rm:1", "rm:3"):
+                waiter = twin.waiter_id(True)
+                assert not (await twin.acquire(req("lock", key, token(), waiter=waiter))).acquired
+                subscriptions.append(await notifier.subscribe(key, 5.0, waiter))
+                assert subscriptions[-1].active
+            _admin(store).force_release("rm:2")
+            assert (await twin.acquire(req("lock", "rm:2", thief))).acquired
+            statuses = await twin.release_many(RELEASE_MANY_KEYS, owner)
+            assert list(statuses) == [ReleaseResult.RELEASED, ReleaseResult.NOT_OWNER, ReleaseResult.RELEASED]
+            for subscription in subscriptions:
+                assert await subscription.wait(10.0)
+                notifier.unsubscribe(subscription)
+            assert await twin.reenter("rm:2", thief)
+            assert not await twin.reenter("rm:1", owner)
+            assert (await twin.acquire(req("lock", "rm:3", token()))).acquired
+        finally:
+            await twin.aclose()
+
+    asyncio.run(main())

@@ -19,6 +19,10 @@ from lockaspect.backends.base import Store
 from .conftest import ALL_KINDS, EXCLUSIVE, block, fence, force_release, skip_if_session_bound, skip_unless_served
 
 BOUND = 20.0  # seconds: how long a broken store may hang a test
+#: Found with the multi-key release work (issue 15), on main as well: ZooKeeper reports a loss
+#: by owner token, and a multi-key set shares one, so one key force-released marks the whole
+#: set lost, and the keys still held are never released (they stay until the session ends).
+ZK_SET_LOST = "ZooKeeper: one key of a multi-key set lost marks the set lost; the rest stays held"
 
 
 def in_thread(target: Callable[[], Any]) -> tuple[threading.Thread, list[BaseException], list[Any]]:
@@ -336,3 +340,59 @@ def test_multi_lock_takes_all_or_none(make_client: Callable[..., LockClient]) ->
         assert not try_now(other, "lock", "m:a")
         with client.lock("m:a") as inner:  # re-enters one of the keys
             assert inner.fencing_token == both.fencing_tokens["m:a"]
+
+
+def test_multi_lock_release_with_a_stolen_key(
+    make_client: Callable[..., LockClient], store_name: str, request: pytest.FixtureRequest
+) -> None:
+    """A key of the set force-released and taken by another owner while the block runs: the
+    block raises ``LockLost`` naming it; on leaving, the other key is released and the stolen
+    one stays its new holder's."""
+    client, thief, other = make_client(), make_client(), make_client()
+    skip_unless_served(client, "multi")
+    if store_name == "zookeeper":
+        request.applymarker(pytest.mark.xfail(strict=True, reason=ZK_SET_LOST))
+    stolen = thief.lock("st:b", wait=BOUND)
+
+    def steal_one() -> None:
+        with client.multi_lock(["st:a", "st:b"]):
+            force_release(client.backend, "st:b")
+            stolen.__enter__()
+
+    with pytest.raises(LockLost) as caught:
+        steal_one()
+    assert caught.value.key in ("st:a", "st:b")  # a SESSION_BOUND store reports the set lost
+    assert try_now(other, "lock", "st:a")
+    assert not try_now(other, "lock", "st:b")
+    stolen.__exit__(None, None, None)
+    assert try_now(other, "lock", "st:b")
+
+
+def test_multi_lock_release_wakes_a_waiter_on_each_key(make_client: Callable[..., LockClient]) -> None:
+    """Leaving a multi-key block hands each key to the caller waiting for it."""
+    waiting = threading.Semaphore(0)
+
+    def observe(event: Any) -> None:
+        if event.name == "waiting":
+            waiting.release()
+
+    holder, waiter = make_client(), make_client(observers=[observe])
+    skip_unless_served(holder, "multi")
+    got: list[str] = []
+
+    def wait_for(key: str) -> Callable[[], None]:
+        def take() -> None:
+            with waiter.lock(key, wait=BOUND):
+                got.append(key)
+
+        return take
+
+    with holder.multi_lock(["wm:a", "wm:b"]):
+        started = [in_thread(wait_for(key)) for key in ("wm:a", "wm:b")]
+        assert waiting.acquire(timeout=BOUND)
+        assert waiting.acquire(timeout=BOUND)
+        assert got == []
+    for thread, errors, _ in started:
+        thread.join(BOUND * 2)
+        assert not errors, errors
+    assert sorted(got) == ["wm:a", "wm:b"]

@@ -23,7 +23,7 @@ from redis.crc import key_slot
 
 from lockaspect import LockClient, LockNotAcquired, NotReplicated
 from lockaspect.backends import open_store
-from lockaspect.backends.base import AcquireRequest, RenewItem
+from lockaspect.backends.base import AcquireRequest, ReleaseResult, RenewItem
 from lockaspect.backends.redis.cluster import AsyncClusterStore, ClusterStore
 from lockaspect.errors import BackendError, ConfigurationError
 from lockaspect.testing import ValkeyCluster
@@ -356,6 +356,38 @@ def test_cross_slot_multi_key_lock(make_client: Callable[..., LockClient], valke
     for key in keys:
         with other.lock(key, wait=0):
             pass
+
+
+def test_multi_key_release_on_one_slot_is_one_script_call(
+    make_client: Callable[..., LockClient], valkey_cluster: ValkeyCluster
+) -> None:
+    """Keys of one slot are given back with one multi_release.lua call on the slot's primary
+    (counted there: ``INFO commandstats``); a key stolen meanwhile answers NOT_OWNER and stays
+    the thief's, the others are released. Keys over several slots go key by key."""
+    keys = same_slot_keys(3)
+    store = make_client().backend
+    assert isinstance(store, ClusterStore)
+    owner, thief = uuid.uuid4().hex, uuid.uuid4().hex
+    node = store.redis.get_node_from_key(store.lock_key(keys[0]))
+    primary = redis.Redis(host=node.host, port=node.port)
+    try:
+        for _ in range(2):  # the first call caches the script on the primary
+            assert store.acquire(AcquireRequest("lock", tuple(keys), owner, 10.0)).acquired
+            assert store.force_release(keys[1])
+            assert store.acquire(AcquireRequest("lock", (keys[1],), thief, 10.0)).acquired
+            before = int(primary.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
+            statuses = store.release_many(keys, owner)
+            after = int(primary.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
+            assert list(statuses) == [ReleaseResult.RELEASED, ReleaseResult.NOT_OWNER, ReleaseResult.RELEASED]
+            assert store.reenter(keys[1], thief)
+            assert store.release(keys[1], thief) == ReleaseResult.RELEASED
+        assert after - before == 1, "one release call for the set"
+    finally:
+        primary.close()
+    spread = sorted(keys_on_every_primary(valkey_cluster, 1))
+    assert store.acquire(AcquireRequest("lock", tuple(spread), owner, 10.0)).acquired
+    assert list(store.release_many(spread, owner)) == [ReleaseResult.RELEASED] * 3
+    assert all(store.describe(key) == [] for key in spread)
 
 
 def test_cross_slot_multi_key_busy_gives_back_what_it_took(

@@ -205,6 +205,64 @@ class TestReentryAndRenewal:
         assert client.backend.redis.exists(client.backend.lock_key("l1")) == 0, "the rest is released"
 
 
+class TestOneRoundTripRelease:
+    """The set is given back with one script call (multi_release.lua), counted by the server:
+    ``INFO commandstats`` before and after shows one EVALSHA and no other command sent by a
+    client (the others counted are the script's own and the INFO). A fixed lease, so no
+    renewal runs in between; a first cycle beforehand, so the server has the script cached
+    (a first EVALSHA meets NOSCRIPT and is followed by an EVAL, once per server)."""
+
+    KEYS = ("rt:a", "rt:b", "rt:c")
+    SCRIPT_RUNS = frozenset({"hget", "llen", "lpop", "publish", "del"})
+
+    @staticmethod
+    def calls(raw: Any) -> dict[str, int]:
+        return {name.removeprefix("cmdstat_"): int(stat["calls"]) for name, stat in raw.info("commandstats").items()}
+
+    def assert_one_script_call(self, raw: Any, before: dict[str, int]) -> None:
+        after = self.calls(raw)
+        changed = {name: after[name] - before.get(name, 0) for name in after if after[name] != before.get(name, 0)}
+        assert changed.pop("evalsha", 0) == 1, changed
+        assert set(changed) <= {"info", *self.SCRIPT_RUNS}, changed
+        assert raw.exists(*(f"{self.namespace}{{{key}}}" for key in self.KEYS)) == 0
+
+    @pytest.fixture(autouse=True)
+    def _namespace(self, namespace: str) -> None:
+        self.namespace = namespace
+
+    def test_sync(self, client: LockClient, raw: Any) -> None:
+        with client.multi_lock(list(self.KEYS), lease=30):
+            pass
+        with client.multi_lock(list(self.KEYS), lease=30):
+            before = self.calls(raw)
+        self.assert_one_script_call(raw, before)
+
+    def test_async(self, client: LockClient, raw: Any) -> None:
+        async def main() -> dict[str, int]:
+            async with client.multi_lock(list(self.KEYS), lease=30):
+                pass
+            before: dict[str, int] = {}
+            async with client.multi_lock(list(self.KEYS), lease=30):
+                before.update(self.calls(raw))  # blocking, on purpose: nothing else runs meanwhile
+            return before
+
+        before = asyncio.run(main())
+        self.assert_one_script_call(raw, before)
+
+    def test_a_stolen_key_is_reported_lost_and_the_rest_released(
+        self, client: LockClient, raw: Any, lock_server: LockServer
+    ) -> None:
+        thief = LockClient.from_url(lock_server.url, namespace=self.namespace)
+        block = client.multi_lock(list(self.KEYS), lease=30)
+        multi = block.__enter__()
+        raw.delete(f"{self.namespace}{{rt:b}}")
+        with thief, thief.lock("rt:b", wait=0) as stolen, pytest.raises(LockLost) as caught:
+            block.__exit__(None, None, None)
+        assert caught.value.key == "rt:b"
+        assert [lease.lost for lease in multi.leases] == [False, True, False]
+        assert stolen.key == "rt:b"
+
+
 class TestAsync:
     def test_async_with_and_a_lost_key_cancels_the_block(self, client: LockClient) -> None:
         async def main() -> tuple[dict[str, int], BaseException | None]:

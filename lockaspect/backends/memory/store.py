@@ -136,6 +136,10 @@ class _MemoryBase:
         self._check_kind(kind)
         return self._shared.run(lambda now: self._shared.state.release(self.namespace + key, token, kind, now))
 
+    def _release_many(self, keys: Sequence[str], token: str) -> list[ReleaseResult]:
+        state, named = self._shared.state, [self.namespace + key for key in keys]
+        return self._shared.run(lambda now: [state.release(key, token, "lock", now) for key in named])
+
     def _reenter(self, key: str, token: str, kind: str) -> bool:
         self._check_kind(kind)
         return self._shared.run(lambda now: self._shared.state.reenter(self.namespace + key, token, kind, now))
@@ -208,6 +212,11 @@ class MemoryStore(_MemoryBase):
     def release(self, key: str, token: str, kind: str = "lock") -> ReleaseResult:
         """``RELEASED`` and wake the next waiter(s), or ``NOT_OWNER``."""
         return self._release(key, token, kind)
+
+    def release_many(self, keys: Sequence[str], token: str) -> list[ReleaseResult]:
+        """Every lock of ``keys`` released at once, as :meth:`release` would (see
+        :class:`~lockaspect.backends.base.ReleasesMany`)."""
+        return self._release_many(keys, token)
 
     def reenter(self, key: str, token: str, kind: str = "lock") -> bool:
         """Whether ``token`` still holds ``key`` (changes nothing)."""
@@ -307,6 +316,9 @@ class AsyncMemoryStore(_MemoryBase):
 
     async def release(self, key: str, token: str, kind: str = "lock") -> ReleaseResult:
         return self._release(key, token, kind)
+
+    async def release_many(self, keys: Sequence[str], token: str) -> list[ReleaseResult]:
+        return self._release_many(keys, token)
 
     async def reenter(self, key: str, token: str, kind: str = "lock") -> bool:
         return self._reenter(key, token, kind)

@@ -19,7 +19,7 @@ from redis.retry import Retry
 
 from ...errors import BackendError
 
-__all__ = ["DEFAULT_SOCKET_TIMEOUT", "map_redis_error", "no_retry_async_client", "no_retry_client"]
+__all__ = ["DEFAULT_SOCKET_TIMEOUT", "error_key", "map_redis_error", "no_retry_async_client", "no_retry_client"]
 
 #: Default socket (and connect) timeout in seconds: a renewal that hangs times out and is
 #: retried within the default renewal margin (a 30 s lease renewed at 0.9 leaves 3 s).
@@ -38,6 +38,13 @@ _TRANSIENT = (
     ReadOnlyError,  # a replica: the master changed
     SlotNotCoveredError,  # no node serves the slot right now (a failover)
 )
+
+
+def error_key(key: Any) -> str | None:
+    """The key an error names: the key, the first of a multi-key call's, or none."""
+    if key is None or isinstance(key, str):
+        return key
+    return str(key[0])
 
 
 def map_redis_error(exc: BaseException, key: str | None, action: str) -> BackendError:

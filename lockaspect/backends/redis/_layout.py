@@ -82,6 +82,7 @@ SCRIPTS = (
     "rw_release.lua",
     "rw_held.lua",
     "multi_acquire.lua",
+    "multi_release.lua",
     "describe.lua",
     "force_release.lua",
     "held.lua",
@@ -126,6 +127,7 @@ class _Layout:
         self._sem_renew = self._scripts["sem_renew.lua"]
         self._sem_release = self._scripts["sem_release.lua"]
         self._rw_release = self._scripts["rw_release.lua"]
+        self._multi_release = self._scripts["multi_release.lua"]
 
     # -- the key layout --
 
@@ -232,6 +234,13 @@ class _Layout:
             packed += (lock, lock + b":fence", lock + b":waiters")
         return tuple(packed), (token.encode(), b"%d" % _ms(lease), (waiter or "").encode(), owner.encode())
 
+    def _multi_release_request(self, keys: Sequence[str], token: str) -> Encoded:
+        packed: list[bytes] = []
+        for key in keys:
+            lock = self._lock(key)
+            packed += (lock, lock + b":waiters")
+        return tuple(packed), (token.encode(),)
+
     def _unqueue_request(self, key: str, waiter: str, kind: str) -> Encoded:
         lock = self._lock(key)
         if kind == "semaphore":
@@ -309,9 +318,7 @@ class _Layout:
         return self._acquire_undo(self._lock(key), token, fair)
 
     def _multi_undo(self, keys: Sequence[str], token: str, *_: object) -> _Undo:
-        return lambda: [
-            self._release.eval_command(*self._release_request(self._lock(key), token, False)) for key in keys
-        ]
+        return lambda: [self._multi_release.eval_command(*self._multi_release_request(keys, token))]
 
     def _sem_undo(self, key: str, token: str, *_: object) -> _Undo:
         return lambda: [self._sem_release.eval_command(*self._sem_release_request(key, token))]
@@ -363,6 +370,10 @@ def _released(reply: int, key: object = None) -> ReleaseResult:
     return _RELEASE_CODES[reply]
 
 
+def _multi_released(reply: list[int], key: object = None) -> list[ReleaseResult]:
+    return [_RELEASE_CODES[int(code)] for code in reply]
+
+
 def _held(reply: int, key: object = None) -> bool:
     return bool(reply > 0)
 
@@ -409,6 +420,7 @@ LOCK_ACQUIRE = Op("acquire.lua", L._lock_acquire_request, _acquired, "acquire", 
 LOCK_RELEASE = Op("release.lua", L._lock_release_request, _released, "release")
 LOCK_REENTER = Op("reenter.lua", L._reenter_request, _held, "re-enter")
 MULTI_ACQUIRE = Op("multi_acquire.lua", L._multi_request, _multi_acquired, "acquire", L._multi_undo)
+MULTI_RELEASE = Op("multi_release.lua", L._multi_release_request, _multi_released, "release")
 UNQUEUE = Op("unqueue.lua", L._unqueue_request, _nothing, "unqueue")
 SEM_ACQUIRE = Op("sem_acquire.lua", L._sem_acquire_request, _sem_acquired, "acquire", L._sem_undo)
 SEM_RELEASE = Op("sem_release.lua", L._sem_release_request, _released, "release")

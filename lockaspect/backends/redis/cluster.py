@@ -9,8 +9,9 @@ loop), the Redis store's scripts on a cluster.
 * Release wake-ups use sharded pub/sub (``SPUBLISH``), with one subscriber connection per
   primary (:mod:`._cluster_notify`); where the server has no sharded pub/sub (Redis 6), the
   ``SPUBLISH`` fails quietly inside the scripts and waiters poll.
-* A multi-key lock whose keys share a slot is one script; over several slots, its keys are
-  taken one by one in sorted order, and those taken are given back when one is busy.
+* A multi-key lock whose keys share a slot is one script to take and one to give back; over
+  several slots, its keys are taken one by one in sorted order (those taken are given back
+  when one is busy), and given back one by one.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import redis.asyncio
 from redis.exceptions import RedisClusterException, RedisError
 
 from ...errors import BackendError, ConfigurationError
-from ..base import AcquireResult, RenewItem, redacted
+from ..base import AcquireResult, ReleaseStatus, RenewItem, redacted
 from ._admin import SCAN_COUNT, held_candidates, held_flags, held_new, scan_match
 from ._client import map_redis_error
 from ._cluster_notify import AsyncClusterNotifier, ClusterNotifier
@@ -159,6 +160,19 @@ class ClusterStore(RedisStore):
             raise
         return multi_result(keys, results)
 
+    def release_many(self, keys: Sequence[str], token: str) -> list[ReleaseStatus]:
+        """One script when ``keys`` share a slot; otherwise one release per key, each key's
+        failure its own (the other keys are still released)."""
+        if _one_slot(keys):
+            return list(super().release_many(keys, token))
+        statuses: list[ReleaseStatus] = []
+        for key in keys:
+            try:
+                statuses.append(self.lock_release(key, token))
+            except BackendError as exc:
+                statuses.append(exc)
+        return statuses
+
     def _give_back(self, taken: dict[str, AcquireResult], token: str) -> list[str]:
         """Release the keys ``taken``, last first; the keys whose release failed."""
         failed = []
@@ -260,6 +274,18 @@ class AsyncClusterStore(AsyncRedisStore):
             await self._give_back(results, token)
             raise
         return multi_result(keys, results)
+
+    async def release_many(self, keys: Sequence[str], token: str) -> list[ReleaseStatus]:
+        """See :meth:`ClusterStore.release_many`."""
+        if _one_slot(keys):
+            return list(await super().release_many(keys, token))
+        statuses: list[ReleaseStatus] = []
+        for key in keys:
+            try:
+                statuses.append(await self.lock_release(key, token))
+            except BackendError as exc:
+                statuses.append(exc)
+        return statuses
 
     async def _give_back(self, taken: dict[str, AcquireResult], token: str) -> list[str]:
         failed = []

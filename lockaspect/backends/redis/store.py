@@ -18,10 +18,10 @@ import redis
 from redis.exceptions import RedisError
 
 from ...errors import ConfigurationError
-from ..base import AcquireRequest, AcquireResult, KeyState, ReleaseResult, RenewItem, redacted
+from ..base import AcquireRequest, AcquireResult, KeyState, ReleaseResult, ReleaseStatus, RenewItem, redacted
 from ._admin import ADD_PERMITS, DESCRIBE, FORCE_RELEASE, SCAN_COUNT, held_candidates, held_flags, held_new, scan_match
 from ._async_wire import _AsyncWire, _run_async, _run_async_then
-from ._client import map_redis_error, no_retry_async_client, no_retry_client
+from ._client import error_key, map_redis_error, no_retry_async_client, no_retry_client
 from ._layout import (
     _ACQUIRE,
     _REENTER,
@@ -31,6 +31,7 @@ from ._layout import (
     LOCK_REENTER,
     LOCK_RELEASE,
     MULTI_ACQUIRE,
+    MULTI_RELEASE,
     RW_ACQUIRE,
     RW_HELD,
     RW_RELEASE,
@@ -54,13 +55,6 @@ from .notify import AsyncRedisNotifier, RedisNotifier
 __all__ = ["AsyncRedisBackend", "AsyncRedisStore", "RedisBackend", "RedisStore"]
 
 T = TypeVar("T")
-
-
-def _error_key(key: Any) -> str | None:
-    """The key an error names: the key, the first of a multi-key request's, or none."""
-    if key is None or isinstance(key, str):
-        return key
-    return str(key[0])
 
 
 class RedisStore(_Layout):
@@ -136,7 +130,7 @@ class RedisStore(_Layout):
                 return _replicated(decode(reply, key), acked)
             return decode(script.run(self._wire, self.redis, keys, args, undo), key)
         except RedisError as exc:
-            raise map_redis_error(exc, _error_key(key), action) from exc
+            raise map_redis_error(exc, error_key(key), action) from exc
 
     def _op(self, op: Op[T], key: Any, *params: Any) -> T:
         """Run the table entry ``op`` for ``key`` and the method's other parameters."""
@@ -204,6 +198,10 @@ class RedisStore(_Layout):
 
     def lock_reenter(self, key: str, token: str) -> bool:
         return self._op(LOCK_REENTER, key, token)
+
+    def release_many(self, keys: Sequence[str], token: str) -> Sequence[ReleaseStatus]:
+        """Give back ``token``'s locks of ``keys`` in one round trip (multi_release.lua)."""
+        return self._op(MULTI_RELEASE, keys, token)
 
     def multi_acquire(
         self, keys: Sequence[str], token: str, lease: float, waiter: str | None = None, owner: str = ""
@@ -358,7 +356,7 @@ class AsyncRedisStore(_Layout):
                 return _replicated(decode(reply, key), acked)
             return decode(await _run_async(script, self._wire, self.redis, keys, args, undo), key)
         except RedisError as exc:
-            raise map_redis_error(exc, _error_key(key), action) from exc
+            raise map_redis_error(exc, error_key(key), action) from exc
 
     async def _op(self, op: Op[T], key: Any, *params: Any) -> T:
         encoded: Encoded = op.encode(self, key, *params)
@@ -410,6 +408,9 @@ class AsyncRedisStore(_Layout):
 
     async def lock_reenter(self, key: str, token: str) -> bool:
         return await self._op(LOCK_REENTER, key, token)
+
+    async def release_many(self, keys: Sequence[str], token: str) -> Sequence[ReleaseStatus]:
+        return await self._op(MULTI_RELEASE, keys, token)
 
     async def multi_acquire(
         self, keys: Sequence[str], token: str, lease: float, waiter: str | None = None, owner: str = ""
