@@ -26,7 +26,7 @@ from .core import Engine, Plan
 from .holds import Hold
 from .many import arelease_all
 from .outcome import lost_error
-from .waiting import ATTEMPT, LISTEN, Waiting, new_token, not_acquired, take_grant
+from .waiting import ATTEMPT, LISTEN, Waiting, gave_up, new_token, take_grant
 
 __all__ = ["AsyncRunner"]
 
@@ -223,7 +223,7 @@ class AsyncRunner:
             if deadline is not None and engine.clock() >= deadline:
                 if failure is not None:
                     raise failure
-                raise self._not_acquired(key, spec, start, result)
+                raise gave_up(self.engine, key, spec, start, result)
             engine.tell("waiting", key, kind.name, 0.0)
             waiting = True
             if kind.own_place:
@@ -246,7 +246,7 @@ class AsyncRunner:
                 try:
                     await asyncio.wait_for(slot.lock.acquire(), max(0.0, deadline - engine.clock()))
                 except asyncio.TimeoutError:
-                    raise self._not_acquired(key, spec, start, result) from None
+                    raise gave_up(self.engine, key, spec, start, result) from None
             turn = True
             try:
                 w = engine.waiting(
@@ -340,12 +340,6 @@ class AsyncRunner:
                 granted = w.granted_token()
                 if granted is not None:  # a release may have handed us the lock meanwhile
                     await self.discard(state, place[:1], granted, w.kind.name)
-
-    def _not_acquired(self, key: str, spec: LockSpec, start: float, result: AcquireResult) -> LockNotAcquired:
-        waited = self.engine.clock() - start
-        why = "busy" if spec.wait == 0 else "timeout"
-        self.engine.tell("not_acquired", key, spec.kind.name, waited if spec.wait else 0.0, why)
-        return not_acquired(key, spec.wait, waited, result)
 
     # -- multi-key ------------------------------------------------------------------------
 

@@ -27,7 +27,7 @@ from .events import lease_event
 from .holds import Hold, HoldRef
 from .many import release_all
 from .outcome import settle
-from .waiting import ATTEMPT, LISTEN, Waiting, new_token, not_acquired, take_grant
+from .waiting import ATTEMPT, LISTEN, Waiting, gave_up, new_token, take_grant
 
 __all__ = ["SyncRunner"]
 
@@ -189,7 +189,7 @@ class SyncRunner:
             if deadline is not None and engine.clock() >= deadline:
                 if failure is not None:
                     raise failure
-                raise self._not_acquired(key, spec, start, result)
+                raise gave_up(self.engine, key, spec, start, result)
             self._busy(key, spec, result)
             waiting = True
             if kind.own_place:
@@ -211,7 +211,7 @@ class SyncRunner:
                 elif slot.lock.acquire(timeout=max(0.0, deadline - engine.clock())):
                     queued = False
                 else:
-                    raise self._not_acquired(key, spec, start, result)
+                    raise gave_up(self.engine, key, spec, start, result)
                 try:
                     turn = True
                     w = engine.waiting(
@@ -296,12 +296,6 @@ class SyncRunner:
                 granted = w.granted_token()
                 if granted is not None:  # a release may have handed us the lock meanwhile
                     self.discard(place[:1], granted, w.kind.name)
-
-    def _not_acquired(self, key: str, spec: LockSpec, start: float, result: AcquireResult) -> LockNotAcquired:
-        waited = self.engine.clock() - start
-        why = "busy" if spec.wait == 0 else "timeout"
-        self.engine.tell("not_acquired", key, spec.kind.name, waited if spec.wait else 0.0, why)
-        return not_acquired(key, spec.wait, waited, result)
 
     def _join_slot(self, key: str) -> _Slot:
         with self.engine.lock:

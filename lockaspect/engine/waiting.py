@@ -29,11 +29,16 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from os import urandom
+from typing import TYPE_CHECKING
 
 from .. import _policy
 from ..backends.base import AcquireRequest, AcquireResult
 from ..errors import BackendError, ConfigurationError, LockNotAcquired
 from ..kinds import LockKind
+
+if TYPE_CHECKING:
+    from ..options import LockSpec
+    from .core import Engine
 
 __all__ = ["ATTEMPT", "LISTEN", "PAUSE", "SUBSCRIBE_TIMEOUT", "SpareIds", "Waiting", "new_token", "take_grant"]
 
@@ -360,3 +365,12 @@ def not_acquired(key: str, wait: float | None, waited: float, result: AcquireRes
         waited=waited,
         holder_ttl=result.holder_ttl,
     )
+
+
+def gave_up(engine: Engine, key: str, spec: LockSpec, start: float, result: AcquireResult) -> LockNotAcquired:
+    """Tell of a call that gave up on a busy lock (``not_acquired``) and make its error (both
+    runners)."""
+    waited = engine.clock() - start
+    why = "busy" if spec.wait == 0 else "timeout"
+    engine.tell("not_acquired", key, spec.kind.name, waited if spec.wait else 0.0, why)
+    return not_acquired(key, spec.wait, waited, result)

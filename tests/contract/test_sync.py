@@ -6,6 +6,7 @@ long a broken store makes a test hang before it fails.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -359,12 +360,17 @@ def test_multi_lock_release_with_a_stolen_key(
             force_release(client.backend, "st:b")
             stolen.__enter__()
 
-    with pytest.raises(LockLost) as caught:
-        steal_one()
-    assert caught.value.key in ("st:a", "st:b")  # a SESSION_BOUND store reports the set lost
-    assert try_now(other, "lock", "st:a")
-    assert not try_now(other, "lock", "st:b")
-    stolen.__exit__(None, None, None)
+    try:
+        with pytest.raises(LockLost) as caught:
+            steal_one()
+        assert caught.value.key in ("st:a", "st:b")  # a SESSION_BOUND store reports the set lost
+        assert try_now(other, "lock", "st:a")
+        assert not try_now(other, "lock", "st:b")
+    finally:
+        # Left entered, the thief's lease would stay this context's current_lease() for the
+        # tests that follow (the ZooKeeper case fails here by design).
+        with contextlib.suppress(LockLost):
+            stolen.__exit__(None, None, None)
     assert try_now(other, "lock", "st:b")
 
 
