@@ -18,17 +18,25 @@ from .holds import Hold
 __all__ = ["arelease_all", "give_back_all", "release_all", "settle"]
 
 
+def _give_back_one(engine: Engine, hold: Hold) -> Lease | None:
+    ref, hold.ref = hold.ref, None
+    return None if ref is None else engine.give_back(ref)
+
+
 def give_back_all(engine: Engine, holds: Sequence[Hold], many: bool) -> list[list[Lease]]:
     """Give back every hold of ``holds`` (see ``Engine.give_back``): the leases whose release
     must go to the store, in groups of one store call each: the locks of one owner token (a
-    multi-key lock's set) together when the store releases ``many`` at once, else one by one."""
+    multi-key lock's set) together when the store releases ``many`` at once, else one by one.
+
+    Only for a store that releases many at once: key by key, each hold is given back right
+    before its own release (see :func:`release_all`), since a lease given back is no longer
+    renewed, and a slow release of one key (a hand-over to a waiter) must not let the leases
+    of the keys after it run out meanwhile."""
     leases: list[Lease] = []
-    for hold in holds:
-        ref, hold.ref = hold.ref, None
-        if ref is not None:
-            lease = engine.give_back(ref)
-            if lease is not None:
-                leases.append(lease)
+    for hold in reversed(holds):
+        lease = _give_back_one(engine, hold)
+        if lease is not None:
+            leases.append(lease)
     if not many or len(leases) < 2:
         return [[lease] for lease in leases]
     groups: dict[str, list[Lease]] = {}
@@ -54,9 +62,17 @@ def _failed_locally(engine: Engine, leases: list[Lease]) -> None:
 
 
 def release_all(engine: Engine, store: Any, holds: Sequence[Hold], release: Callable[[Lease], None]) -> None:
-    """Give back a multi-key lock's ``holds`` (threads); ``release`` sends a lone lease's."""
+    """Give back a multi-key lock's ``holds`` (threads); ``release`` sends a lone lease's. Key by
+    key in reverse order when the store has no ``release_many`` (the first key, the one
+    waiters queue on, goes last: a waiter woken by it finds the rest free)."""
     many: Any = getattr(store, "release_many", None)
-    for leases in give_back_all(engine, holds, many is not None):
+    if many is None:
+        for hold in reversed(holds):
+            lease = _give_back_one(engine, hold)
+            if lease is not None:
+                release(lease)
+        return
+    for leases in give_back_all(engine, holds, True):
         if len(leases) == 1:
             release(leases[0])
             continue
@@ -76,7 +92,13 @@ async def arelease_all(
 ) -> None:
     """:func:`release_all` for an event loop (``store``: the loop's async store)."""
     many: Any = getattr(store, "release_many", None)
-    for leases in give_back_all(engine, holds, many is not None):
+    if many is None:
+        for hold in reversed(holds):
+            lease = _give_back_one(engine, hold)
+            if lease is not None:
+                await release(lease)
+        return
+    for leases in give_back_all(engine, holds, True):
         if len(leases) == 1:
             await release(leases[0])
             continue

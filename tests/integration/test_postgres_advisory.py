@@ -339,6 +339,41 @@ def test_release_hands_the_lock_to_the_queued_waiter(postgres_server: Any, pg_na
         store.close()
 
 
+def test_a_multi_key_waiter_busy_on_one_key_gives_up_a_grant_on_another(
+    postgres_server: Any, pg_namespace: str
+) -> None:
+    """A multi-key waiter queued on its second key, granted it by a release, then finding its
+    first key taken meanwhile, waits on the first key only: the grant on the second is given
+    up, never kept while it waits (the first key's holder may need the second: a deadlock)."""
+    store = open_postgres_store(postgres_server.url, namespace=pg_namespace)
+    try:
+        notifier = store.notifier()
+        assert notifier is not None
+        waiter = store.waiter_id(True)
+        multi = AcquireRequest("lock", ("m:a", "m:b"), "w", 10.0, waiter)
+        assert store.acquire(AcquireRequest("lock", ("m:b",), "b-holder", 10.0)).acquired
+        assert not store.acquire(multi).acquired  # queued on m:b, m:a given back
+        subscription = notifier.subscribe("m:b", 5.0, waiter)
+        assert store.acquire(AcquireRequest("lock", ("m:a",), "a-holder", 10.0)).acquired
+        assert store.release("m:b", "b-holder") == ReleaseResult.RELEASED
+        assert subscription.wait(BOUND)  # the server granted m:b to the waiter's queued wait
+        notifier.unsubscribe(subscription)
+        assert not store.acquire(multi).acquired  # m:a is busy: queued on m:a now
+        assert store.acquire(AcquireRequest("lock", ("m:b",), "other", 10.0)).acquired
+        assert store.release("m:b", "other") == ReleaseResult.RELEASED
+        assert store.release("m:a", "a-holder") == ReleaseResult.RELEASED
+        taken = store.acquire(multi)
+        assert taken.acquired
+        assert len(taken.fencing_tokens or ()) == 2
+        for key in multi.keys:
+            assert store.release(key, "w") == ReleaseResult.RELEASED
+        with postgres_server.connect() as conn:
+            assert waiting_on(conn, pg_namespace, "m:a") == 0
+            assert waiting_on(conn, pg_namespace, "m:b") == 0
+    finally:
+        store.close()
+
+
 def test_owners_of_one_client_exclude_each_other_on_one_session(postgres_server: Any, pg_namespace: str) -> None:
     """With one connection, a second owner's try would be granted by the server (a session
     takes its own lock again): the client refuses it first."""

@@ -262,6 +262,12 @@ class Core(SemaphoreOps):
         for hold in taken:
             yield from self._give_back(hold)
         if waiter is not None:
+            # Waiting on ``busy`` only: a wait of ours on another key of the set, granted since
+            # (the server holds that lock for us), would hold it while we wait for ``busy``,
+            # whose holder may be waiting for it: a deadlock until the idle timeout.
+            for key in request.keys:
+                if key != busy:
+                    yield from self._dequeue(key, waiter)
             with self.lock:
                 queued = self.table.wait_of(busy, waiter) is not None
             if not queued:
