@@ -388,9 +388,11 @@ class AsyncReleasesMany(Protocol):
 
 
 #: How a store reports holds it knows are lost without being asked: ``callback(tokens,
-#: reason)`` with the owner tokens and one of the lost reasons (``"not-owner"``,
-#: ``"expired"``, ``"session-lost"``). Called from any thread; never blocks.
-LossCallback = Callable[[Collection[str], str], None]
+#: reason, keys)`` with the owner tokens, one of the lost reasons (``"not-owner"``,
+#: ``"expired"``, ``"session-lost"``) and ``keys``: ``None`` when every hold of those tokens
+#: is lost, else the keys of the lost ones (one key of a multi-key set, whose keys share
+#: one token). Called from any thread; never blocks.
+LossCallback = Callable[[Collection[str], str, "Collection[str] | None"], None]
 
 
 @runtime_checkable

@@ -431,10 +431,13 @@ class Engine(Sweeping):
             lease_event(self.emit, "lost", lease, reason)
             run_hook(lease)
 
-    def store_lost(self, tokens: Collection[str], reason: str) -> None:
-        """The store reported the holds of ``tokens`` lost (see ``ReportsLosses``)."""
+    def store_lost(self, tokens: Collection[str], reason: str, keys: Collection[str] | None = None) -> None:
+        """The store reported the holds of ``tokens`` lost, only those on ``keys`` when given
+        (see ``LossCallback``)."""
         with self.lock:
-            hit = [lease._record for lease in self.leases if lease.token in tokens]
+            hit = [
+                lease._record for lease in self.leases if lease.token in tokens and (keys is None or lease.key in keys)
+            ]
         for record in hit:
             self.watchdog.lose(record, reason)
 

@@ -15,10 +15,6 @@ from lockaspect import ConfigurationError, KeyTemplateError, LockClient, LockLos
 from .conftest import ALL_KINDS, EXCLUSIVE, block, fence, force_release, skip_if_session_bound, skip_unless_served
 
 BOUND = 20.0  # seconds: how long a broken store may hang a test
-#: Found with the multi-key release work (issue 15), on main as well: ZooKeeper reports a loss
-#: by owner token, and a multi-key set shares one, so one key force-released marks the whole
-#: set lost, and the keys still held are never released (they stay until the session ends).
-ZK_SET_LOST = "ZooKeeper: one key of a multi-key set lost marks the set lost; the rest stays held"
 
 
 def run(coro: Coroutine[Any, Any, Any]) -> Any:
@@ -284,8 +280,6 @@ def test_multi_lock_release_with_a_stolen_key(
     """See the sync suite's test of that name: ``LockLost`` for the stolen key, the rest released."""
     client, thief, other = make_client(), make_client(), make_client()
     skip_unless_served(client, "multi")
-    if store_name == "zookeeper":
-        request.applymarker(pytest.mark.xfail(strict=True, reason=ZK_SET_LOST))
 
     async def main() -> None:
         stolen = thief.lock("st:b", wait=BOUND)

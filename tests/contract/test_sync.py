@@ -20,10 +20,6 @@ from lockaspect.backends.base import Store
 from .conftest import ALL_KINDS, EXCLUSIVE, block, fence, force_release, skip_if_session_bound, skip_unless_served
 
 BOUND = 20.0  # seconds: how long a broken store may hang a test
-#: Found with the multi-key release work (issue 15), on main as well: ZooKeeper reports a loss
-#: by owner token, and a multi-key set shares one, so one key force-released marks the whole
-#: set lost, and the keys still held are never released (they stay until the session ends).
-ZK_SET_LOST = "ZooKeeper: one key of a multi-key set lost marks the set lost; the rest stays held"
 
 
 def in_thread(target: Callable[[], Any]) -> tuple[threading.Thread, list[BaseException], list[Any]]:
@@ -351,8 +347,6 @@ def test_multi_lock_release_with_a_stolen_key(
     one stays its new holder's."""
     client, thief, other = make_client(), make_client(), make_client()
     skip_unless_served(client, "multi")
-    if store_name == "zookeeper":
-        request.applymarker(pytest.mark.xfail(strict=True, reason=ZK_SET_LOST))
     stolen = thief.lock("st:b", wait=BOUND)
 
     def steal_one() -> None:

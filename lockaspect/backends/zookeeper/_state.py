@@ -208,16 +208,17 @@ class SessionState:
 
     def lose_nodes(self, nodes: Collection[Node], reason: str) -> None:
         """These held nodes are gone (deleted by someone else): their holds are lost."""
-        tokens = []
+        lost = []
         with self.lock:
             for node in nodes:
                 if self.book.holds.get((node.key, node.token)) is node:
                     del self.book.holds[(node.key, node.token)]
                     self.book.paths.pop(node.path, None)
-                    tokens.append(node.token)
-        if tokens:
-            log.warning("ZooKeeper %s: %d lock(s) lost (%s)", self.settings.shown, len(tokens), reason)
-            self._report(tokens, reason)
+                    lost.append(node)
+        if lost:
+            log.warning("ZooKeeper %s: %d lock(s) lost (%s)", self.settings.shown, len(lost), reason)
+        for node in lost:  # by key: the other keys of a multi-key set (one token) are still held
+            self._report([node.token], reason, [node.key])
 
     def held(self) -> None:
         """A hold was booked: make sure the watcher thread runs (started with the first)."""
@@ -285,10 +286,10 @@ class SessionState:
 
         return fired
 
-    def _report(self, tokens: Sequence[str], reason: str) -> None:
+    def _report(self, tokens: Sequence[str], reason: str, keys: Sequence[str] | None = None) -> None:
         callback = self.on_loss
         if callback is not None and tokens:
             try:
-                callback(tokens, reason)
+                callback(tokens, reason, keys)
             except Exception:  # pragma: no cover - the engine's callback does not raise
                 log.exception("reporting lost locks failed")
