@@ -277,6 +277,8 @@ def bench_cycles(url: str, args: argparse.Namespace, results: dict[str, Any]) ->
         if mine != reference:
             raise BenchError(f"peer client settings {mine} differ from lockaspect's {reference}")
         out(f"every client: its own redis-py client and pool, {reference}")
+    parser = reply_parser(url)
+    out(f"reply parser of every redis-py client (the raw floor's included): {parser}")
 
     out(
         f"{args.cycles:,} cycles per timed run, {args.repeats} runs per library, interleaved "
@@ -385,8 +387,22 @@ def bench_cycles(url: str, args: argparse.Namespace, results: dict[str, Any]) ->
         "params": vars_subset(args, "cycles", "warmup", "repeats"),
         "libraries": data,
         "errors": errors,
+        "parser": parser,
     }
     return variants
+
+
+def reply_parser(url: str) -> str:
+    """The reply parser redis-py gives a connection of a client built like every client here:
+    redis-py picks hiredis by itself whenever it is importable, for the raw floor and the peers
+    as for lockaspect, so the ratios compare like with like."""
+    r = make_redis(url)
+    pool = r.connection_pool
+    name = type(pool.connection_class(**pool.connection_kwargs)._parser).__name__  # never connected
+    r.close()
+    if "Hiredis" in name:
+        return f"hiredis {_util.version_of('hiredis')} ({name})"
+    return f"pure Python ({name})"
 
 
 class InMemoryBackend:
