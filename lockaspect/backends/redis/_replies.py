@@ -133,6 +133,8 @@ def read(connection: Any, count: int) -> list[Any]:
             continue
         if isinstance(reply, redis.ConnectionError):
             raise reply
+        if type(reply) is list and reply and isinstance(reply[0], redis.ConnectionError):
+            raise reply[0]  # as redis-py's parser does
         if _PUSH is not None and type(reply) is _PUSH:
             handle = getattr(connection._parser, "handle_push_response", None)
             if handle is not None:
