@@ -146,6 +146,86 @@ def raw_floor_packed(url: str) -> Variant:
     return Variant("raw-packed", "(info) raw floor, pre-packed RESP", run, lambda: _gone(r, key.decode()), r.close)
 
 
+def _socket_round_trip(url: str) -> tuple[Callable[[bytes], Any], Callable[[], None]]:
+    """A bare socket to the server (blocking, TCP_NODELAY) and a hiredis reader: a function
+    sending one packed command and returning its reply, and the socket's close."""
+    import socket
+
+    import hiredis
+
+    kwargs = make_redis(url).connection_pool.connection_kwargs
+    if "path" in kwargs:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(kwargs["path"])
+    else:
+        sock = socket.create_connection((kwargs["host"], kwargs["port"]))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    reader = hiredis.Reader()
+
+    def round_trip(packed: bytes) -> Any:
+        sock.sendall(packed)
+        reply = reader.gets()
+        while reply is False:
+            reader.feed(sock.recv(65536))
+            reply = reader.gets()
+        return reply
+
+    return round_trip, sock.close
+
+
+def socket_floor(url: str) -> Variant:
+    """For information: the raw floor's two commands, pre-packed, on a bare socket with
+    hiredis: the least any Python client pays for them (no client library at all)."""
+    r = make_redis(url)
+    sha = r.execute_command("SCRIPT", "LOAD", COMPARE_AND_DELETE)
+    sha = sha if isinstance(sha, bytes) else str(sha).encode()
+    r.close()
+    round_trip, close = _socket_round_trip(url)
+    key = b"bench:raw-socket"
+    set_head = b"*6\r\n" + _bulk(b"SET") + _bulk(key)
+    set_tail = _bulk(b"NX") + _bulk(b"PX") + _bulk(b"%d" % CYCLE_LEASE_MS)
+    del_head = b"*5\r\n" + _bulk(b"EVALSHA") + _bulk(sha) + _bulk(b"1") + _bulk(key)
+
+    def run(n: int) -> None:
+        for _ in range(n):
+            token = _bulk(secrets.token_hex(16).encode())
+            if round_trip(set_head + token + set_tail) != b"OK":
+                raise BenchError("socket floor: key busy")
+            if round_trip(del_head + token) != 1:
+                raise BenchError("socket floor: key not released")
+
+    return Variant("raw-socket", "(info) socket floor: SET NX PX + EVALSHA del", run, close=close)
+
+
+def socket_scripts(url: str) -> Variant:
+    """For information: lockaspect's own acquire.lua and release.lua (fenced, with an owner
+    record), pre-packed on a bare socket with hiredis: what its two scripts cost with no
+    client work at all. The gap to the socket floor is the scripts' (server CPU); the gap from
+    here to lockaspect's rows is lockaspect's client work."""
+    from lockaspect.backends.redis._script import LuaScript
+
+    acquire, release = LuaScript("acquire.lua"), LuaScript("release.lua")
+    r = make_redis(url)
+    for script in (acquire, release):
+        r.execute_command("SCRIPT", "LOAD", script.source)
+    r.close()
+    round_trip, close = _socket_round_trip(url)
+    lock = b"bench:{la-socket}"
+    keys = (lock, lock + b":fence", lock + b":waiters")
+    lease = b"%d" % CYCLE_LEASE_MS
+    record = b'{"host":"bench","pid":1,"thread":"MainThread","function":null,"template":null,"acquired_at":1.0}'
+
+    def run(n: int) -> None:
+        for _ in range(n):
+            token = secrets.token_hex(16).encode()
+            if not isinstance(fence := round_trip(acquire.packed(keys, (token, lease, record))), int) or fence < 1:
+                raise BenchError(f"socket scripts: not acquired ({fence!r})")
+            if round_trip(release.packed((lock, keys[2]), (token,))) != 1:
+                raise BenchError("socket scripts: not released")
+
+    return Variant("la-socket", "(info) socket, lockaspect's 2 scripts", run, close=close)
+
+
 def redis_py_lock(url: str) -> Variant:
     r = make_redis(url)
     key = "bench:redis-py"
@@ -260,7 +340,15 @@ def bench_cycles(url: str, args: argparse.Namespace, results: dict[str, Any]) ->
     out(heading("1. Lock/unlock cycles, uncontended, one thread"))
     variants: list[Variant] = []
     errors: dict[str, str] = {}
-    for factory in (raw_floor, raw_floor_packed, redis_py_lock, python_redis_lock, pottery_redlock):
+    for factory in (
+        raw_floor,
+        raw_floor_packed,
+        socket_floor,
+        socket_scripts,
+        redis_py_lock,
+        python_redis_lock,
+        pottery_redlock,
+    ):
         try:
             variants.append(factory(url))
         except Exception as exc:
@@ -277,6 +365,8 @@ def bench_cycles(url: str, args: argparse.Namespace, results: dict[str, Any]) ->
         if mine != reference:
             raise BenchError(f"peer client settings {mine} differ from lockaspect's {reference}")
         out(f"every client: its own redis-py client and pool, {reference}")
+    parser = reply_parser(url)
+    out(f"reply parser of every redis-py client (the raw floor's included): {parser}")
 
     out(
         f"{args.cycles:,} cycles per timed run, {args.repeats} runs per library, interleaved "
@@ -385,8 +475,22 @@ def bench_cycles(url: str, args: argparse.Namespace, results: dict[str, Any]) ->
         "params": vars_subset(args, "cycles", "warmup", "repeats"),
         "libraries": data,
         "errors": errors,
+        "parser": parser,
     }
     return variants
+
+
+def reply_parser(url: str) -> str:
+    """The reply parser redis-py gives a connection of a client built like every client here:
+    redis-py picks hiredis by itself whenever it is importable, for the raw floor and the peers
+    as for lockaspect, so the ratios compare like with like."""
+    r = make_redis(url)
+    pool = r.connection_pool
+    name = type(pool.connection_class(**pool.connection_kwargs)._parser).__name__  # never connected
+    r.close()
+    if "Hiredis" in name:
+        return f"hiredis {_util.version_of('hiredis')} ({name})"
+    return f"pure Python ({name})"
 
 
 class InMemoryBackend:

@@ -16,6 +16,7 @@ from typing import Any
 import redis
 from redis.exceptions import RedisError, ResponseError
 
+from ._replies import read, send
 from ._script import _pack_any, _packed
 
 __all__ = ["ASKING", "DRAIN_FOR", "_Line", "_Undo", "_Wire"]
@@ -48,8 +49,9 @@ class _Wire:
     command arrives (a stalled server, delayed packets); the connection is then half-closed
     and set aside until the server has answered both (or a while has passed), never reused.
 
-    Commands go out with the connection's public ``send_packed_command`` and come back
-    through ``read_response``. Clients without a plain pool (a single-connection client,
+    Commands go out in one ``sendall`` and their replies are read with the connection's
+    own hiredis reader when it has one (:mod:`._replies`), else with redis-py's
+    ``send_packed_command`` and ``read_response``. Clients without a plain pool (a single-connection client,
     Redis Cluster) use ``execute_command`` instead.
     """
 
@@ -148,7 +150,7 @@ class _Wire:
                 self._checkin(connection)
                 raise
         try:
-            connection.send_packed_command(frames, check_health=False)
+            send(connection, frames)
         except BaseException:
             # A partial command never runs, but an interrupt may have landed after the last
             # byte went out, or in the middle of connecting: drop the connection (it reconnects
@@ -158,14 +160,8 @@ class _Wire:
             if undo is not None:
                 self._undo_apart(undo)
             raise
-        replies: list[Any] = []
         try:
-            while len(replies) < count - 1:
-                try:
-                    replies.append(connection.read_response(disconnect_on_error=False))
-                except ResponseError as exc:
-                    replies.append(exc)
-            replies.append(connection.read_response(disconnect_on_error=False))
+            replies = read(connection, count)
         except ResponseError:
             self._checkin(connection)  # the whole reply was read: the connection is clean
             raise
