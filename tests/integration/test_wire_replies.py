@@ -91,3 +91,18 @@ def test_a_reply_that_does_not_come_in_the_socket_timeout_is_a_timeout_error(con
     send(connection, (_packed((b"BLPOP", b"replies:never:" + secrets.token_hex(8).encode(), b"0")),))
     with pytest.raises(redis.TimeoutError):
         read(connection, 1)
+
+
+def test_a_timeout_on_a_unix_socket_connection_names_its_path(lock_server: LockServer) -> None:
+    client = redis.Redis.from_url(lock_server.unix_url, socket_timeout=0.05)
+    pool = client.connection_pool
+    conn = pool.connection_class(**pool.connection_kwargs)
+    conn.connect()
+    try:
+        assert fast_reader(conn) is not None
+        send(conn, (_packed((b"BLPOP", b"replies:never:" + secrets.token_hex(8).encode(), b"0")),))
+        with pytest.raises(redis.TimeoutError, match=str(conn.path)):
+            read(conn, 1)
+    finally:
+        conn.disconnect()
+        client.close()

@@ -84,6 +84,12 @@ def _kernel_timeout(sock: Any) -> None:
     sock.settimeout(None)
 
 
+def _where(connection: Any) -> str:
+    """``host:port`` of a TCP connection, the socket path of a Unix one."""
+    path = getattr(connection, "path", None)
+    return str(path) if path else f"{connection.host}:{connection.port}"
+
+
 def send(connection: Any, frames: tuple[bytes, ...]) -> None:
     """Write ``frames`` on the connected ``connection``: one ``sendall`` on a plain
     connection. Failures as redis-py reports them (the connection is then disconnected)."""
@@ -124,7 +130,7 @@ def read(connection: Any, count: int) -> list[Any]:
             try:
                 data = sock.recv(_RECV)
             except (TimeoutError, BlockingIOError):  # BlockingIOError: SO_RCVTIMEO ran out
-                raise redis.TimeoutError(f"Timeout reading from {connection.host}:{connection.port}") from None
+                raise redis.TimeoutError(f"Timeout reading from {_where(connection)}") from None
             except OSError as exc:
                 raise redis.ConnectionError(f"Error while reading from socket: {exc}") from None
             if not data:
