@@ -157,14 +157,17 @@ class Mode:
         return asyncio.run_coroutine_threadsafe(fn(), self.loop).result(LIVENESS)
 
     def notifier_running(self, client: LockClient) -> bool:
-        """Whether a release-notification reader runs: the client's thread, or the loop's task."""
+        """Whether release notifications are read: the client's reader thread runs, or the loop's
+        notifier has its subscriber connection open (read in the loop's callbacks, no task)."""
         if self.loop is None:
             return any(thread.name == "lockaspect-notifier" for thread in client.threads())
 
-        async def names() -> set[str]:
-            return {task.get_name() for task in asyncio.all_tasks()}
+        async def connected() -> bool:
+            state = client._async.states.get(asyncio.get_running_loop())
+            notifier = None if state is None else getattr(state.store, "_notifier", None)
+            return notifier is not None and notifier._pubsub is not None
 
-        return "lockaspect-notifier" in asyncio.run_coroutine_threadsafe(names(), self.loop).result(LIVENESS)
+        return bool(asyncio.run_coroutine_threadsafe(connected(), self.loop).result(LIVENESS))
 
     def close(self) -> None:
         loop = self.loop

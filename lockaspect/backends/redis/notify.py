@@ -18,6 +18,7 @@ from redis.exceptions import AskError, RedisError, ResponseError
 
 from ..._wakeup import Wakeup
 from ._channels import ChannelTable
+from ._subscriber import Subscriber
 
 __all__ = ["UNAVAILABLE_FOR", "AsyncRedisNotifier", "RedisNotifier"]
 
@@ -303,9 +304,11 @@ def _resolve(future: asyncio.Future[bool], value: bool) -> None:
 
 
 class AsyncRedisNotifier:
-    """:class:`RedisNotifier` for one event loop: one subscriber connection and one reader
-    task per loop. SUBSCRIBE/UNSUBSCRIBE are decided and sent under one asyncio lock, so they
-    reach the server in the order the table recorded them."""
+    """:class:`RedisNotifier` for one event loop: one subscriber connection per loop, read in
+    the loop's own callbacks (:class:`~._subscriber.Subscriber`: a wake-up resolves its waiter's
+    future in the iteration the message arrives in). SUBSCRIBE/UNSUBSCRIBE are written with no
+    await, so they reach the server in the order the table recorded them; opening the
+    connection, the one await, runs under an asyncio lock."""
 
     def __init__(self, client: Any, channel_for: Any, *, sharded: bool = False, on_moved: Any = None) -> None:
         self._redis = client
@@ -314,27 +317,37 @@ class AsyncRedisNotifier:
         self._on_moved = on_moved
         self.waiter_id = os.urandom(8).hex()
         self._table = ChannelTable()
-        self._send_lock = asyncio.Lock()
+        self._open_lock = asyncio.Lock()
         self._changed = asyncio.Condition()
-        self._pubsub: Any = None
-        self._reader: asyncio.Task[None] | None = None
+        self._pubsub: Subscriber | None = None
+        self._ticker: asyncio.TimerHandle | None = None
         self._closed = False
         self._unavailable_until = 0.0
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._subscribe = b"SSUBSCRIBE" if sharded else b"SUBSCRIBE"
+        self._unsubscribe = b"SUNSUBSCRIBE" if sharded else b"UNSUBSCRIBE"
 
     async def subscribe(self, key: str, timeout: float, waiter: str | None = None) -> _AsyncSubscription:
         sub = _AsyncSubscription(self._channel_for(key, waiter or self.waiter_id).encode())
         now = time.monotonic()
         if self._closed or now < self._unavailable_until:
             return sub
-        # Registering and sending SUBSCRIBE run in a task of their own: a waiter cancelled
-        # meanwhile stops waiting, but what was sent and what the table expects stay in step
-        # (else the channel would stay "subscribing" for every later waiter on the key).
-        joined = asyncio.get_running_loop().create_task(self._join(sub, now))
-        self._tasks.add(joined)
-        joined.add_done_callback(self._tasks.discard)
+        if self._pubsub is not None and not self._open_lock.locked():
+            # Connected: join and send with no await (a waiter on a busy key takes this path
+            # on every wait, and finds its channel confirmed: no suspension at all).
+            self._join_now(sub, now)
+            if self._table.subscribed(sub.channel):
+                sub.active = True
+                return sub
+            joined = None
+        else:
+            # Opening the connection runs in a task of its own: a waiter cancelled meanwhile
+            # stops waiting, but what was sent and what the table expects stay in step (else
+            # the channel would stay "subscribing" for every later waiter on the key).
+            joined = self._spawn(self._join(sub, now))
         try:
-            await asyncio.shield(joined)
+            if joined is not None:
+                await asyncio.shield(joined)
             if not self._table.subscribed(sub.channel):
                 try:
                     async with self._changed:
@@ -348,7 +361,7 @@ class AsyncRedisNotifier:
                     pass
         except BaseException:
             # The caller never gets the subscription to leave with: leave for it, once joined.
-            if joined.done():
+            if joined is None or joined.done():
                 self._table.leave(sub, time.monotonic())
             else:
                 joined.add_done_callback(lambda _: self._table.leave(sub, time.monotonic()))
@@ -356,31 +369,71 @@ class AsyncRedisNotifier:
         sub.active = self._table.subscribed(sub.channel)
         return sub
 
+    def _join_now(self, sub: _AsyncSubscription, now: float) -> None:
+        pubsub = self._pubsub
+        if not self._table.join(sub, now) or pubsub is None:
+            return
+        try:
+            pubsub.send(self._subscribe, sub.channel)
+        except RedisError as exc:
+            log.warning("cannot subscribe to %r, waiting by polling: %s", sub.channel, exc)
+            self._drop(pubsub, sub)  # nothing will answer: as when the connection is lost
+
     async def _join(self, sub: _AsyncSubscription, now: float) -> None:
-        async with self._send_lock:
+        async with self._open_lock:
+            if self._pubsub is not None:
+                self._join_now(sub, now)
+                return
             if not self._table.join(sub, now):
                 return
             try:
-                await self._send("SUBSCRIBE", sub.channel)
+                pubsub = await Subscriber.open(self._redis.connection_pool, self._on_frame, self._lost)
             except RedisError as exc:
                 log.warning("cannot subscribe to %r, waiting by polling: %s", sub.channel, exc)
-                # Nothing will answer that SUBSCRIBE: forget the subscriber connection's
-                # channels, as when the reader loses it, or this one waits for it forever.
-                await self._forget_connection(sub)
+                self._forget(sub)
+                return
             except BaseException:
-                # Cancelled (the loop shutting down): whether SUBSCRIBE went out is unknown.
-                await self._forget_connection(sub)
+                # Cancelled (the loop shutting down): nothing was sent.
+                self._forget(sub)
                 raise
+            if self._closed:
+                await pubsub.close()
+                return
+            self._pubsub = pubsub
+            self._ticker = asyncio.get_running_loop().call_later(1.0, self._tick)
+            pubsub.send(self._subscribe, sub.channel)
 
-    async def _forget_connection(self, sub: _AsyncSubscription) -> None:
+    def _forget(self, sub: _AsyncSubscription | None) -> None:  # every channel; wakes all but sub
         for other in self._table.reset():
             if other is not sub:
                 other.wake()
-        self._reader = None  # the reader of the old connection stops (see _read)
-        pubsub, self._pubsub = self._pubsub, None
-        if pubsub is not None:
-            with contextlib.suppress(Exception):
-                await pubsub.aclose()
+        self._spawn(self._notify_changed())
+
+    def _drop(self, pubsub: Subscriber, sub: _AsyncSubscription | None = None) -> None:
+        """Give the subscriber connection up: its channels are forgotten, its waiters poll."""
+        if self._pubsub is pubsub:
+            self._pubsub = None
+            self._stop_ticker()
+            self._forget(sub)
+        self._spawn(pubsub.close())
+
+    def _stop_ticker(self) -> None:
+        ticker, self._ticker = self._ticker, None
+        if ticker is not None:
+            ticker.cancel()
+
+    def _tick(self) -> None:
+        """Every second while connected: unsubscribe from channels idle long enough."""
+        pubsub = self._pubsub
+        if pubsub is None or self._closed:
+            self._ticker = None
+            return
+        for name in self._table.idle(time.monotonic()):
+            try:
+                pubsub.send(self._unsubscribe, name)
+            except RedisError:
+                break  # the connection is going: its loss resets the table
+        self._ticker = asyncio.get_running_loop().call_later(1.0, self._tick)
 
     def listening(self, key: str, waiter: str | None = None) -> bool:
         """See :meth:`RedisNotifier.listening`."""
@@ -395,68 +448,40 @@ class AsyncRedisNotifier:
             waiter.wake()
         for task in list(self._tasks):
             task.cancel()
-        reader, self._reader = self._reader, None
-        if reader is not None:
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await reader
+        self._stop_ticker()
         pubsub, self._pubsub = self._pubsub, None
         if pubsub is not None:
             with contextlib.suppress(Exception):
-                await pubsub.aclose()
+                await pubsub.close()
 
-    # Called with self._send_lock held.
-    async def _send(self, command: str, name: bytes) -> None:
-        if self._pubsub is None:
-            self._pubsub = self._redis.pubsub(ignore_subscribe_messages=False)
-        if command == "SUBSCRIBE":
-            await (self._pubsub.ssubscribe if self._sharded else self._pubsub.subscribe)(name)
-        else:
-            await (self._pubsub.sunsubscribe if self._sharded else self._pubsub.unsubscribe)(name)
-        if self._reader is None:
-            self._reader = asyncio.get_running_loop().create_task(self._read(), name="lockaspect-notifier")
-
-    async def _read(self) -> None:
-        me = asyncio.current_task()
-        while not self._closed:
-            pubsub = self._pubsub
-            if pubsub is None or self._reader is not me:
-                return  # the connection was replaced (see _forget_connection)
-            async with self._send_lock:
-                for name in self._table.idle(time.monotonic()):
-                    try:
-                        await self._send("UNSUBSCRIBE", name)
-                    except RedisError:
-                        break
-            try:
-                message = await pubsub.get_message(timeout=1.0)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - any failure ends this reader
-                await self._connection_lost(pubsub, exc)
-                return
-            if message is not None and not await self._dispatch(message):
-                await self._connection_lost(pubsub, _SlotMoved(f"the server dropped {message['channel']!r}"))
-                return
-
-    async def _dispatch(self, message: dict[str, Any]) -> bool:
-        """See :meth:`RedisNotifier._dispatch`."""
-        kind, name = _kind(message)
+    def _on_frame(self, pubsub: Subscriber, frame: Any) -> None:
+        """A frame of the subscriber connection, in the loop iteration it arrived in (see
+        :meth:`RedisNotifier._dispatch`)."""
+        if pubsub is not self._pubsub:
+            return
+        if isinstance(frame, Exception):
+            self._lost(pubsub, frame)  # an error reply (NOPERM, MOVED): the connection is given up
+            return
+        if not isinstance(frame, list) or len(frame) < 3:
+            return
+        kind, name = _kind({"type": frame[0], "channel": frame[1]})
         if kind == b"message":
-            granted = _granted(message)
+            granted = _granted({"data": frame[2]})
             for waiter in self._table.message(name, time.monotonic()):
                 if granted:
                     waiter.granted = granted
                 waiter.wake()
         elif kind == b"unsubscribe" and self._sharded and not self._table.expects(name, kind):
-            return False
+            self._lost(pubsub, _SlotMoved(f"the server dropped {name!r}"))
         elif kind in (b"subscribe", b"unsubscribe") and self._table.reply(kind, name):
-            async with self._changed:
-                self._changed.notify_all()
-        return True
+            self._spawn(self._notify_changed())
 
-    async def _connection_lost(self, pubsub: Any, exc: BaseException) -> None:
-        if self._pubsub is pubsub:
+    async def _notify_changed(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+    def _lost(self, pubsub: Subscriber, exc: BaseException) -> None:
+        if self._pubsub is pubsub and not self._closed:
             if isinstance(exc, (AskError, _SlotMoved)):
                 log.info("release notifications of a moved slot, subscribing again: %s", exc)
                 if self._on_moved is not None:
@@ -466,12 +491,10 @@ class AsyncRedisNotifier:
                 log.warning("the server refuses pub/sub, waiters poll instead for %gs: %s", UNAVAILABLE_FOR, exc)
             else:
                 log.warning("release notifications interrupted, waiters fall back to polling: %s", exc)
-            for waiter in self._table.reset():
-                waiter.wake()
-            self._pubsub = None
-            if self._reader is asyncio.current_task():
-                self._reader = None
-            async with self._changed:
-                self._changed.notify_all()
-        with contextlib.suppress(Exception):
-            await pubsub.aclose()
+        self._drop(pubsub)
+
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
+        task: asyncio.Task[Any] = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
