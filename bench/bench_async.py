@@ -1727,7 +1727,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sections", default="cycles,contention", help="subset of cycles,contention (default both)")
     p.add_argument("--json", metavar="PATH", help="also write every result to this JSON file")
     p.add_argument("--plot", metavar="PNG", help="write the contention plot (e.g. docs/img/contention.png)")
-    p.add_argument("--markdown", metavar="MD", help="write the figures page (e.g. docs/benchmarks.md)")
+    p.add_argument("--markdown", metavar="MD", help="write an asyncio-only page (not docs/benchmarks.md)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     quick = args.quick
