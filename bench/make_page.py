@@ -127,7 +127,7 @@ STORES: list[dict[str, Any]] = [
         "cycles": cycles_of("zookeeper", "cycles", "rows"),
         "floor": "floor",
         "async_floor": ("afloor", ["la-async"]),
-        "peers": ["kazoo"],
+        "peers": ["kazoo", "kazoo-new"],
         "contention": ("zookeeper", ["la-lock", "la-fair", "kazoo"]),
         "peer_contention": ["kazoo"],
     },
@@ -248,11 +248,14 @@ def plot_cost(path: Path, title: str, rows: dict[str, Any], keep: list[str]) -> 
         widths = [p[k] for p in parts]
         ax.barh(range(len(names)), widths, left=left, color=colour, label=label)
         left = [a + b for a, b in zip(left, widths, strict=True)]
+    walls = [1e6 / rows[n]["ops_per_s"] for n in names]
+    ax.scatter(walls, range(len(names)), marker="|", s=400, color="black", label="wall time", zorder=3)
+    ax.set_xlim(0, max([*left, *walls], default=1.0) * 1.04)
     ax.set_yticks(range(len(names)), [rows[n]["label"][:48] for n in names], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("us per uncontended lock/unlock cycle")
     ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=8, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.2))
+    ax.legend(fontsize=8, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.2))
     fig.tight_layout()
     fig.savefig(path, dpi=90, bbox_inches="tight")
     plt.close(fig)
