@@ -34,7 +34,7 @@ ROOT = HERE.parent
 # name -> (script, extra arguments for every run, extra arguments for a full run)
 BENCHES: dict[str, tuple[str, list[str], list[str]]] = {
     "core": ("bench_core.py", ["--sections", "cycles"], ["--cycles", "10000"]),
-    "async": ("bench_async.py", [], []),
+    "async": ("bench_async.py", [], ["--cycles", "10000"]),
     "cluster": ("bench_cluster.py", ["--sections", "cycles"], []),
     "sql": ("bench_sql.py", [], []),
     "zookeeper": ("bench_zookeeper.py", [], []),
