@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test docs lint typecheck unit bench bench-async bench-sql bench-zk bench-cluster bench-scale clean
+.PHONY: demo test docs lint typecheck unit bench bench-quick bench-core bench-async bench-sql bench-zk bench-cluster bench-scale clean
 
 $(BIN)/python:
 	@$(PYTHON) .ci/bootstrap_venv.py $(VENV)
@@ -47,8 +47,18 @@ typecheck: $(VENV)/.installed-test
 unit: $(VENV)/.installed-test
 	$(BIN)/python -m pytest tests/unit
 
-## bench: compare lockaspect with its peers (not a test; prints tables)
+## bench: every store against its raw floor and its peers, then docs/benchmarks.md and its plots (about 25 minutes)
 bench: $(VENV)/.installed-test
+	$(BIN)/python -m pip install --quiet -e '.[bench]'
+	$(BIN)/python bench/make_page.py
+
+## bench-quick: the same page from short runs (a few minutes; the page says "quick run: noisy")
+bench-quick: $(VENV)/.installed-test
+	$(BIN)/python -m pip install --quiet -e '.[bench]'
+	$(BIN)/python bench/make_page.py --quick
+
+## bench-core: the sync Redis benchmark in full (cycles, 5,000 held locks, key rendering) and the lock kinds
+bench-core: $(VENV)/.installed-test
 	$(BIN)/python -m pip install --quiet -e '.[bench]'
 	$(BIN)/python bench/bench_core.py
 	$(BIN)/python bench/bench_kinds.py

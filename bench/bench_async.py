@@ -898,6 +898,16 @@ def percentile(sorted_values: Sequence[float], q: float) -> float:
     return sorted_values[f] + (sorted_values[c] - sorted_values[f]) * (k - f)
 
 
+# The fixed quantiles a contention row's waiter latency CDF is sampled at (bench/make_page.py
+# plots them): every 2 %, then the tail that p99 alone hides.
+CDF_QUANTILES = (*(i / 50 for i in range(50)), 0.99, 0.995, 0.999, 1.0)
+
+
+def cdf(sorted_values: Sequence[float]) -> list[float]:
+    """The values at CDF_QUANTILES (empty when there is no value)."""
+    return [percentile(sorted_values, q) for q in CDF_QUANTILES] if sorted_values else []
+
+
 def jain(counts: Sequence[float]) -> float:
     """Jain's fairness index: 1.0 when every process got the same share, 1/n when one got all."""
     total = sum(counts)
@@ -971,6 +981,8 @@ def analyse(
         "waiter_p50_ms": percentile(waiter_waits, 0.5),
         "waiter_p99_ms": percentile(waiter_waits, 0.99),
         "waiter_max_ms": waiter_waits[-1] if waiter_waits else float("nan"),
+        "waiter_cdf_ms": cdf(waiter_waits),
+        "all_cdf_ms": cdf(waits),
         "all_p50_ms": percentile(waits, 0.5),
         "all_p99_ms": percentile(waits, 0.99),
         "all_max_ms": waits[-1] if waits else float("nan"),
@@ -1246,6 +1258,9 @@ def combine_rounds(runs: list[dict[str, Any]]) -> dict[str, Any]:
         values = [r[key] for r in runs if key in r]
         if values:
             combined[key] = median(values)
+    for key in ("waiter_cdf_ms", "all_cdf_ms"):  # pointwise: the median round at each quantile
+        curves = [r[key] for r in runs if r.get(key)]
+        combined[key] = [median(column) for column in zip(*curves, strict=True)] if curves else []
     combined["counter_ok"] = all(r["counter_ok"] for r in runs)
     combined["overlaps"] = sum(r["overlaps"] for r in runs)
     errors: Counter[str] = Counter()
@@ -1712,7 +1727,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sections", default="cycles,contention", help="subset of cycles,contention (default both)")
     p.add_argument("--json", metavar="PATH", help="also write every result to this JSON file")
     p.add_argument("--plot", metavar="PNG", help="write the contention plot (e.g. docs/img/contention.png)")
-    p.add_argument("--markdown", metavar="MD", help="write the figures page (e.g. docs/benchmarks.md)")
+    p.add_argument("--markdown", metavar="MD", help="write an asyncio-only page (not docs/benchmarks.md)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     quick = args.quick
