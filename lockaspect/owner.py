@@ -11,8 +11,9 @@ operator tools (:meth:`LockClient.describe <lockaspect.LockClient.describe>`, th
 ``lockaspect`` command) read it back. A client made with ``owner_info=False`` sends ``""``
 and the store records nothing.
 
-Building a record is on the hot path: everything but the time is cached per (thread,
-function, template), so a record costs one dictionary lookup and one float formatting.
+Building a record is on the hot path: everything but the thread's name and the time is cached
+per (function, template), so a record costs one dictionary lookup, quoting the name, and one
+float formatting.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import socket
 import threading
 import time
 from contextvars import ContextVar
+from json.encoder import encode_basestring
 from typing import Any
 
 __all__ = ["ORIGIN", "Origin", "owner_record", "parse_owner", "template_of"]
@@ -35,18 +37,21 @@ Origin = tuple[str, "str | None"]
 ORIGIN: ContextVar[tuple[Origin, str | tuple[str, ...]] | None] = ContextVar("lockaspect_origin", default=None)
 
 _CACHE_LIMIT = 4096
-_heads: dict[tuple[str, Origin | None], str] = {}
+# Per origin: the record's text before and after the thread's name. Keyed by origin alone: a
+# key per thread name would miss for every asyncio task (task-1, task-2, ...) and churn.
+_heads: dict[Origin | None, tuple[str, str]] = {}
 _host = socket.gethostname()
 _pid = os.getpid()
 
 
-def _head(thread: str, origin: Origin | None) -> str:
+def _head(origin: Origin | None) -> tuple[str, str]:
     function, template = origin if origin is not None else (None, None)
-    fields = {"host": _host, "pid": _pid, "thread": thread, "function": function, "template": template}
-    head = json.dumps(fields, separators=(",", ":"), ensure_ascii=False)[:-1] + ',"acquired_at":'
+    fields = {"host": _host, "pid": _pid, "thread": "", "function": function, "template": template}
+    text = json.dumps(fields, separators=(",", ":"), ensure_ascii=False)[:-1] + ',"acquired_at":'
+    before, after = text.split(',"thread":"",', 1)
     if len(_heads) >= _CACHE_LIMIT:
-        _heads.clear()  # thread and task names may be unbounded (task-1, task-2, ...)
-    _heads[(thread, origin)] = head
+        _heads.clear()
+    head = _heads[origin] = (before + ',"thread":', "," + after)
     return head
 
 
@@ -61,10 +66,11 @@ def owner_record(key: str, thread: str | None = None) -> str:
         keys = call[1]
         if key == keys or (isinstance(keys, tuple) and key in keys):
             origin = call[0]
-    head = _heads.get((thread, origin))
+    head = _heads.get(origin)
     if head is None:
-        head = _head(thread, origin)
-    return f"{head}{time.time():.3f}}}"
+        head = _head(origin)
+    # encode_basestring is what json.dumps(ensure_ascii=False) quotes a str with (in C).
+    return f"{head[0]}{encode_basestring(thread)}{head[1]}{time.time():.3f}}}"
 
 
 def template_of(key: str) -> str:

@@ -130,7 +130,7 @@ class TransactionLockBlock(LockBlock):
 
     def _entered(self, lease: TransactionLease) -> TransactionLease:
         self._ref = ref = object()
-        lease._refs.add(ref)
+        lease._refs.append(ref)
         self._lease = lease
         self._token = _push(lease)
         return lease
@@ -158,7 +158,8 @@ class TransactionLockBlock(LockBlock):
         try:
             _HELD.reset(self._token)
         finally:
-            lease._refs.discard(self._ref)
+            if self._ref in lease._refs:
+                lease._refs.remove(self._ref)
         raise_if_lost(lease, exc)
 
     # -- with ---------------------------------------------------------------------------

@@ -109,7 +109,9 @@ class AsyncRunner:
                 kind.name, (key,), token, plan.lease_time, waiter, False, below, kind.permits, owner, kind.weight
             )
             try:
-                result = await self.try_once(state, request, kind)
+                # try_once inlined: one coroutine less held by each first attempt in flight
+                result = await state.store.acquire(request)
+                kind.check(key, result)
             except BackendError as exc:
                 if waiter is not None:
                     await self.leave_queue(state, key, waiter, spec, kind.slot_key(key) in state.slots, token)

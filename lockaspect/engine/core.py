@@ -326,7 +326,7 @@ class Engine(Sweeping):
             held_keys = self.held_keys
             held_keys[key] = held_keys.get(key, 0) + 1
             self.leases.add(lease)
-            lease._refs.add(hold.ref)  # the hold exists from here: one step
+            lease._refs.append(hold.ref)  # the hold exists from here: one step
         if plan.watchdog:
             self.watchdog.register(record)
         else:
@@ -355,7 +355,7 @@ class Engine(Sweeping):
         with self.lock:
             if not lease._refs:
                 return None
-            lease._refs.add(hold.ref)
+            lease._refs.append(hold.ref)
         return hold
 
     def entered(self, hold: Hold, held: bool) -> None:
@@ -383,7 +383,7 @@ class Engine(Sweeping):
             refs = lease._refs
             if ref not in refs:
                 return None  # given back already
-            refs.discard(ref)
+            refs.remove(ref)
             if refs or lease._epoch != fork_epoch():
                 # Re-entered holds remain; or a forked child unwinding a block its parent
                 # entered: the lock is the parent's.

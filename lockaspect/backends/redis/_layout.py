@@ -315,7 +315,7 @@ class _Layout:
     def _lock_undo(
         self, key: str, token: str, lease: float, waiter: str | None, front: bool, fair: bool, *_: object
     ) -> _Undo:
-        return self._acquire_undo(self._lock(key), token, fair)
+        return _LockUndo(self, key, token, fair)
 
     def _multi_undo(self, keys: Sequence[str], token: str, *_: object) -> _Undo:
         return lambda: [self._multi_release.eval_command(*self._multi_release_request(keys, token))]
@@ -388,6 +388,23 @@ def _nothing(reply: object, key: object = None) -> None:
 
 
 # -- the operation table --
+
+
+class _LockUndo:
+    """:meth:`_Layout._lock_undo`'s undo, made for every lock attempt and used only if it
+    fails: a slotted object (64 bytes), not a closure over an encoded key (some 380 bytes, held
+    by every attempt in flight: thousands at once when as many tasks start together)."""
+
+    __slots__ = ("fair", "key", "store", "token")
+
+    def __init__(self, store: _Layout, key: str, token: str, fair: bool) -> None:
+        self.store = store
+        self.key = key
+        self.token = token
+        self.fair = fair
+
+    def __call__(self) -> list[tuple[object, ...]]:
+        return self.store._acquire_undo(self.store._lock(self.key), self.token, self.fair)()
 
 
 class Op(Generic[T]):

@@ -11,7 +11,7 @@ decode, map errors). The key layout is in :mod:`._layout`.
 from __future__ import annotations
 
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from typing import Any, TypeVar
 
 import redis
@@ -358,23 +358,23 @@ class AsyncRedisStore(_Layout):
         except RedisError as exc:
             raise map_redis_error(exc, error_key(key), action) from exc
 
-    async def _op(self, op: Op[T], key: Any, *params: Any) -> T:
+    # _op and the hot path's methods that pass it on return _call's coroutine: no frame of theirs in flight.
+    def _op(self, op: Op[T], key: Any, *params: Any) -> Coroutine[Any, Any, T]:
         encoded: Encoded = op.encode(self, key, *params)
         undo = None if op.undo is None else op.undo(self, key, *params)
-        return await self._call(self._scripts[op.script], *encoded, op.decode, key, op.action, undo)
+        return self._call(self._scripts[op.script], *encoded, op.decode, key, op.action, undo)
 
     # -- the store protocol --
-
-    async def acquire(self, request: AcquireRequest) -> AcquireResult:
-        result: AcquireResult = await _ACQUIRE[request.kind](self, request)
+    def acquire(self, request: AcquireRequest) -> Coroutine[Any, Any, AcquireResult]:
+        result: Coroutine[Any, Any, AcquireResult] = _ACQUIRE[request.kind](self, request)
         return result
 
-    async def release(self, key: str, token: str, kind: str = "lock") -> ReleaseResult:
-        result: ReleaseResult = await _RELEASE[kind](self, key, token)
+    def release(self, key: str, token: str, kind: str = "lock") -> Coroutine[Any, Any, ReleaseResult]:
+        result: Coroutine[Any, Any, ReleaseResult] = _RELEASE[kind](self, key, token)
         return result
 
-    async def reenter(self, key: str, token: str, kind: str = "lock") -> bool:
-        held: bool = await _REENTER[kind](self, key, token)
+    def reenter(self, key: str, token: str, kind: str = "lock") -> Coroutine[Any, Any, bool]:
+        held: Coroutine[Any, Any, bool] = _REENTER[kind](self, key, token)
         return held
 
     async def unqueue(self, key: str, waiter: str, kind: str = "lock") -> None:
@@ -391,7 +391,7 @@ class AsyncRedisStore(_Layout):
 
     # -- the script-level operations --
 
-    async def lock_acquire(
+    def lock_acquire(
         self,
         key: str,
         token: str,
@@ -400,14 +400,14 @@ class AsyncRedisStore(_Layout):
         front: bool = False,
         fair: bool = False,
         owner: str = "",
-    ) -> AcquireResult:
-        return await self._op(LOCK_ACQUIRE, key, token, lease, waiter, front, fair, owner)
+    ) -> Coroutine[Any, Any, AcquireResult]:
+        return self._op(LOCK_ACQUIRE, key, token, lease, waiter, front, fair, owner)
 
-    async def lock_release(self, key: str, token: str, fair: bool = False) -> ReleaseResult:
-        return await self._op(LOCK_RELEASE, key, token, fair)
+    def lock_release(self, key: str, token: str, fair: bool = False) -> Coroutine[Any, Any, ReleaseResult]:
+        return self._op(LOCK_RELEASE, key, token, fair)
 
-    async def lock_reenter(self, key: str, token: str) -> bool:
-        return await self._op(LOCK_REENTER, key, token)
+    def lock_reenter(self, key: str, token: str) -> Coroutine[Any, Any, bool]:
+        return self._op(LOCK_REENTER, key, token)
 
     async def release_many(self, keys: Sequence[str], token: str) -> Sequence[ReleaseStatus]:
         return await self._op(MULTI_RELEASE, keys, token)
