@@ -501,6 +501,75 @@ def test_create_schema_false_on_a_fresh_database(fresh_database: str) -> None:
         assert lease.fencing_token == 1
 
 
+SCHEMA_KEY = -8111973515212196337  # the advisory key of ``_sql.SCHEMA_LOCK``
+
+
+def _first_attempt(store: PostgresAdvisoryStore, driver: str) -> BaseException | bool:
+    """A first attempt on ``store`` by ``driver`` (its first session checks the schema):
+    whether it took the lock, or what it raised."""
+    request = AcquireRequest("lock", ("k",), "t", 10.0)
+    try:
+        if driver == "thread":
+            return store.acquire(request).acquired
+
+        async def attempt() -> bool:
+            twin = store.asyncio_twin()
+            try:
+                return (await twin.acquire(request)).acquired
+            finally:
+                await twin.aclose()
+
+        return asyncio.run(attempt())
+    except BaseException as exc:  # noqa: BLE001 - the outcome the test checks
+        return exc
+
+
+@pytest.mark.parametrize("driver", ["thread", "asyncio"])
+def test_a_session_that_waited_for_another_schema_maker_leaves_the_tables_alone(
+    fresh_database: str, pg_namespace: str, driver: str
+) -> None:
+    """Sessions opened at once on a fresh database all find the schema missing; one makes it
+    under the schema lock, the others wait for that lock, and must then find the schema made
+    and run no DDL: an ``ALTER TABLE ... ADD COLUMN IF NOT EXISTS`` with nothing to add still
+    waits for the table's ACCESS EXCLUSIVE lock behind every statement using the table (a
+    queued wait's blocking statement uses it while it waits) and holds up every new one: all
+    the client's sessions stalled for the schema's lock_timeout (5 s), then a failed attempt.
+    Here the other maker is a raw session, and a transaction reading the table stands for the
+    queued wait."""
+    import psycopg
+
+    from lockaspect.backends.sql.advisory import _sql
+
+    waiting_for_schema = (
+        "SELECT count(*) FROM pg_locks l WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND NOT l.granted"
+        " AND ((l.classid::bigint << 32) | l.objid::bigint) = %s"
+    )
+    with (
+        psycopg.connect(fresh_database, autocommit=True) as maker,
+        psycopg.connect(fresh_database, autocommit=True) as user,
+    ):
+        maker.execute("SELECT pg_advisory_lock(%s)", (SCHEMA_KEY,))
+        store = open_postgres_store(fresh_database, namespace=pg_namespace)
+        outcome: list[BaseException | bool] = []
+        thread = threading.Thread(target=lambda: outcome.append(_first_attempt(store, driver)), daemon=True)
+        try:
+            thread.start()
+            until(
+                lambda: maker.execute(waiting_for_schema, (SCHEMA_KEY,)).fetchone() == (1,),
+                "the store's first session to wait for the schema lock",
+            )
+            for statement in _sql.SCHEMA:
+                maker.execute(statement)
+            with user.transaction():
+                user.execute("SELECT count(*) FROM lockaspect_advisory")
+                maker.execute("SELECT pg_advisory_unlock(%s)", (SCHEMA_KEY,))
+                thread.join(BOUND)  # the ALTER TABLE would wait here for this transaction
+            assert outcome == [True]
+        finally:
+            thread.join(BOUND)
+            store.close()
+
+
 def test_an_unreachable_server_is_a_transient_backend_error() -> None:
     client = LockClient.from_url("postgresql://u:secret@127.0.0.1:1/db", connect_timeout=2)
     try:

@@ -120,15 +120,24 @@ def schema_error(shown: str, key: str | None = None) -> ConfigurationError:
 
 
 def schema_steps(have: Sequence[Any], create: bool, shown: str) -> tuple[str, ...]:
-    """The statements to run, in one transaction, on a database whose ``SCHEMA_CHECK``
-    answered ``have``: the whole schema (``create``), the upgrade of one made by an older
-    lockaspect (whatever ``create`` says: the owner records need it), or nothing."""
+    """The statements to run on a database whose ``SCHEMA_CHECK`` answered ``have``: the
+    whole schema (``create``), the upgrade of one made by an older lockaspect (whatever
+    ``create`` says: the owner records need it), or nothing.
+
+    Asked twice when not nothing: the statements run in one transaction after
+    ``SCHEMA_LOCK`` and a second ``SCHEMA_CHECK`` under it, and only what that second answer
+    still lacks. Sessions opened at once on a fresh database all find the schema missing;
+    all but the first wait for the lock while the first makes it, and must then leave it
+    alone: an ``ALTER TABLE ... IF NOT EXISTS`` with nothing to add still takes the table's
+    ACCESS EXCLUSIVE lock, queued behind every statement using the table (a queued wait's
+    blocking statement uses it for as long as it waits) and ahead of every new one, which
+    stalls every session of the client until ``lock_timeout``."""
     if not all(have[:3]):
         if not create:
             raise schema_error(shown)
-        return _sql.SCHEMA_LOCK + _sql.SCHEMA
+        return _sql.SCHEMA
     if not all(have[3:5]):
-        return _sql.SCHEMA_LOCK + _sql.SCHEMA_UPGRADE
+        return _sql.SCHEMA_UPGRADE
     return ()
 
 

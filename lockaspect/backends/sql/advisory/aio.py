@@ -177,11 +177,16 @@ class AsyncPostgresAdvisoryStore(AsyncAdminMixin):
         cursor = await conn.execute(_sql.SCHEMA_CHECK)
         have = await cursor.fetchone()
         assert have is not None
-        steps = schema_steps(have, self.settings.create_schema, self.settings.shown)
-        if steps:
+        create, shown = self.settings.create_schema, self.settings.shown
+        if schema_steps(have, create, shown):
             try:
                 async with conn.transaction():
-                    for statement in steps:
+                    for statement in _sql.SCHEMA_LOCK:
+                        await conn.execute(statement)
+                    cursor = await conn.execute(_sql.SCHEMA_CHECK)
+                    have = await cursor.fetchone()
+                    assert have is not None
+                    for statement in schema_steps(have, create, shown):
                         await conn.execute(statement)
             except psycopg.Error as exc:
                 raise upgrade_error(exc, self.settings.shown) from exc

@@ -396,11 +396,15 @@ class PostgresAdvisoryStore(AdminMixin):
             return
         have = conn.execute(_sql.SCHEMA_CHECK).fetchone()
         assert have is not None
-        steps = schema_steps(have, self.settings.create_schema, self.settings.shown)
-        if steps:
+        create, shown = self.settings.create_schema, self.settings.shown
+        if schema_steps(have, create, shown):
             try:
                 with conn.transaction():
-                    for statement in steps:
+                    for statement in _sql.SCHEMA_LOCK:
+                        conn.execute(statement)
+                    have = conn.execute(_sql.SCHEMA_CHECK).fetchone()
+                    assert have is not None
+                    for statement in schema_steps(have, create, shown):
                         conn.execute(statement)
             except psycopg.Error as exc:
                 raise upgrade_error(exc, self.settings.shown) from exc
