@@ -158,6 +158,8 @@ class _AsyncWire:
             answer = await replies
         except BaseException as exc:
             # A timeout, a cancellation, a lost connection: the command went out and may run.
+            if replies.done() and not replies.cancelled():
+                replies.exception()  # failed while we waited to write: retrieved, not logged
             if undo is not None and self._undo_behind(connection, undo):
                 raise
             if isinstance(exc, asyncio.CancelledError) and not line.broken:
