@@ -46,6 +46,7 @@ from lockaspect import (
     distributed_lock,
 )
 from lockaspect.backends.redis import RedisBackend
+from lockaspect.backends.redis._async_replies import Line
 from lockaspect.testing import LockServer, ManualClock
 
 #: The ``client`` fixture's watchdog lease, tick (seconds) and delay_weight.
@@ -122,7 +123,10 @@ class HeldReply:
     """Holds back the reply to the next command an asyncio connection reads, until ``open()``.
 
     The command itself reaches the real store and runs there; only the client's reading of
-    the answer is delayed, which is the window in which a cancellation loses a reply.
+    the answer is delayed, which is the window in which a cancellation loses a reply. Both
+    ways a connection is read are held: redis-py's ``read_response``, and the lock wire's
+    :class:`~lockaspect.backends.redis._async_replies.Line` (whose bytes are kept back, in
+    order, from its ``data_received`` until the gate opens).
     """
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -130,7 +134,9 @@ class HeldReply:
         self.sent = asyncio.Event()
         self.gate = asyncio.Event()
         real = AbstractConnection.read_response
+        real_data = Line.data_received
         holder = self
+        held: dict[Line, list[bytes]] = {}
 
         async def read_response(connection: Any, *args: Any, **kwargs: Any) -> Any:
             if holder.armed:
@@ -139,7 +145,25 @@ class HeldReply:
                 await holder.gate.wait()
             return await real(connection, *args, **kwargs)
 
+        async def let_through(line: Line) -> None:
+            await holder.gate.wait()
+            for data in held.pop(line):
+                real_data(line, data)
+
+        def data_received(line: Line, data: bytes) -> None:
+            if line in held:
+                held[line].append(data)
+            elif holder.armed:
+                holder.armed = False
+                holder.sent.set()
+                held[line] = [data]
+                holder.tasks.add(asyncio.get_running_loop().create_task(let_through(line)))
+            else:
+                real_data(line, data)
+
+        self.tasks: set[asyncio.Task[None]] = set()
         monkeypatch.setattr(AbstractConnection, "read_response", read_response)
+        monkeypatch.setattr(Line, "data_received", data_received)
 
     def arm(self) -> None:
         self.armed = True

@@ -7,12 +7,14 @@ import asyncio
 import collections
 import contextlib
 import queue
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import redis
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
+from ._async_replies import LINE, WRITE_HIGH_WATER, Line, take_over
 from ._script import LuaScript, _pack_any, _packed
 from ._wire import (
     ASKING,
@@ -33,7 +35,7 @@ __all__ = ["_AsyncWire", "_run_async", "_run_async_then"]
 _PING = _packed((b"PING",))
 
 #: Above this many buffered bytes an async lock command waits for the socket to drain.
-_WRITE_HIGH_WATER = 64 * 1024
+_WRITE_HIGH_WATER = WRITE_HIGH_WATER
 
 
 class _AsyncWire:
@@ -45,9 +47,15 @@ class _AsyncWire:
     A fresh connection connects in a task of its own, shielded from the caller: before
     Python 3.12, ``asyncio.wait_for`` (which redis-py wraps around the handshake's writes)
     can swallow a cancellation that lands as a write completes, and the caller would then go
-    on, and into its critical section, as if it had not been cancelled."""
+    on, and into its critical section, as if it had not been cancelled.
 
-    __slots__ = ("_address", "_before", "_client", "_free", "_make", "_tasks", "_tokens", "_waiters")
+    A plain connection with redis-py's hiredis parser is read by a :class:`~._async_replies.Line`
+    once connected (see :mod:`._async_replies`): one write per round trip, the replies parsed
+    as they arrive, one timer for the socket timeout. A caller cancelled mid-reply leaves its
+    connection set aside until the server has answered (then it comes back, not reconnected).
+    Other connections keep redis-py's ``StreamReader`` path."""
+
+    __slots__ = ("_address", "_aside", "_before", "_client", "_free", "_make", "_tasks", "_tokens", "_waiters")
 
     def __init__(self, client: Any) -> None:
         self._client = client
@@ -59,6 +67,9 @@ class _AsyncWire:
         # of tasks may wait for a connection at once).
         self._waiters: collections.OrderedDict[asyncio.Future[None], None] = collections.OrderedDict()
         self._tasks: set[asyncio.Task[Any]] = set()
+        #: Lines set aside behind a cancelled call or draining behind an undo (closed by close();
+        #: weak: a line is gone once its connection is closed).
+        self._aside: weakref.WeakSet[Line] = weakref.WeakSet()
         self._address: tuple[str, int] | None = None
         self._before: Callable[[], Awaitable[None]] | None = None
 
@@ -130,6 +141,49 @@ class _AsyncWire:
     ) -> list[Any]:
         """Write ``frames`` (no await: nothing can interrupt it) and read ``count`` replies (an
         error reply to any but the last is returned, not raised)."""
+        line: Line | None = getattr(connection, LINE, None)
+        if line is None:
+            return await self._round_trip_stream(connection, frames, count, undo)
+        try:
+            replies = line.send(frames[0] if len(frames) == 1 else b"".join(frames), count, connection.socket_timeout)
+        except BaseException:
+            _abandon(connection)
+            self._checkin(connection)
+            if undo is not None:
+                self._spawn(self._undo_apart(undo))
+            raise
+        try:
+            if line.paused:
+                await line.writable()
+            answer = await replies
+        except BaseException as exc:
+            # A timeout, a cancellation, a lost connection: the command went out and may run.
+            if replies.done() and not replies.cancelled():
+                replies.exception()  # failed while we waited to write: retrieved, not logged
+            if undo is not None and self._undo_behind(connection, undo):
+                raise
+            if isinstance(exc, asyncio.CancelledError) and not line.broken:
+                # Back once the server has answered (never reused mid-reply).
+                self._aside.add(line)
+                line.set_aside(lambda: self._answered(line, connection))
+            else:
+                _abandon(connection)
+                self._checkin(connection)
+            raise
+        self._checkin(connection)
+        last = answer[-1]
+        if isinstance(last, ResponseError):
+            raise last  # the whole reply was read: the connection is clean
+        return answer
+
+    def _answered(self, line: Line, connection: Any) -> None:
+        self._aside.discard(line)
+        self._checkin(connection)
+
+    async def _round_trip_stream(
+        self, connection: Any, frames: tuple[bytes, ...], count: int, undo: _Undo | None
+    ) -> list[Any]:
+        """:meth:`_round_trip` on a connection read by redis-py (not taken over)."""
         try:
             writer = connection._writer
             for frame in frames:
@@ -180,6 +234,13 @@ class _AsyncWire:
         while True:
             if free:
                 connection = free.pop()
+                line = getattr(connection, LINE, None)
+                if line is not None:
+                    if line.broken or (self._address is not None and self._address != _peer(connection)):
+                        _abandon(connection)  # closed by the server, timed out, or on a former master
+                    else:
+                        return connection
+                    break
                 reader = getattr(connection, "_reader", None)
                 if reader is not None and (reader.at_eof() or reader.exception() is not None):
                     _abandon(connection)  # the server closed it: reconnect
@@ -211,6 +272,7 @@ class _AsyncWire:
                 elif waiter.cancelled() and free:
                     self._wake_one()  # pass on a wake-up we will not use
         if connection.is_connected:
+            take_over(connection)  # connected by a connect that its caller did not wait for
             return connection
         task = self._spawn(connection.connect())
         try:
@@ -223,6 +285,7 @@ class _AsyncWire:
             else:
                 task.add_done_callback(lambda _: self._checkin(connection))
             raise
+        take_over(connection)
         return connection
 
     def _checkin(self, connection: Any) -> None:
@@ -249,6 +312,22 @@ class _AsyncWire:
         if writer is None or writer.is_closing():
             self._spawn(self._undo_apart(undo))
             return False
+        line: Line | None = getattr(connection, LINE, None)
+        if line is not None:
+            try:
+                line.drain_behind(b"".join(_pack_any(command) for command in undo()), (connection, writer))
+            except (OSError, RuntimeError):
+                self._spawn(self._undo_apart(undo))
+                return False
+            # Out of the free list for good; the line keeps the connection (and so its token)
+            # and its StreamWriter (whose __del__ would close the transport) until the server
+            # has answered both and closed, or DRAIN_FOR has passed.
+            self._aside.add(line)
+            with contextlib.suppress(Exception):
+                connection._parser.on_disconnect()
+            connection._reader = connection._writer = None
+            setattr(connection, LINE, None)
+            return True
         try:
             writer.write(b"".join(_pack_any(command) for command in undo()))
             if writer.can_write_eof():
@@ -305,6 +384,9 @@ class _AsyncWire:
         free, self._free = self._free, []
         for connection in free:
             await connection.disconnect(nowait=True)
+        aside, self._aside = list(self._aside), weakref.WeakSet()
+        for line in aside:
+            line.transport.close()
         for task in list(self._tasks):
             task.cancel()
         if self._tasks:
@@ -333,6 +415,8 @@ def _abandon(connection: Any) -> None:
     if parser is not None:
         parser.on_disconnect()
     connection._reader = connection._writer = None
+    if getattr(connection, LINE, None) is not None:
+        setattr(connection, LINE, None)
 
 
 async def _run_async(
