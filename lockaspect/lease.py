@@ -104,7 +104,6 @@ class Lease:
 
     def __init__(
         self,
-        *,
         owner: object,
         record: Renewal,
         fencing_token: int,

@@ -71,7 +71,6 @@ class Renewal:
 
     def __init__(
         self,
-        *,
         key: str,
         token: str,
         kind: str,

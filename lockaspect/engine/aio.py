@@ -101,7 +101,7 @@ class AsyncRunner:
             below = kind.below(key, engine.find)
             plan = engine.plan(spec, key)
             token = new_token()
-            waiter = self._first_waiter(state, key, spec)
+            waiter = None if spec.wait == 0 else self._first_waiter(state, key, spec)  # a single try never queues
             sent = engine.clock()
             failure: BackendError | None = None
             owner = self._owner(key)
@@ -128,7 +128,8 @@ class AsyncRunner:
                     state, key, token, plan, spec, start, result, waiter, below, failure
                 )
             hold = await self.take(state, (key,), token, result, spec, plan, sent, start)
-            engine.spare(key, kind, waiter)
+            if waiter is not None:
+                engine.spare(key, kind, waiter)
             return hold
         except BackendError as exc:
             engine.tell("acquire_failed", key, kind.name, error=exc)
