@@ -272,7 +272,8 @@ class TestDecoratorAsyncAndPolicies:
                         both.set()
                     await asyncio.wait_for(both.wait(), LIVENESS)
                     inside -= 1
-                events.append(f"done {name}")
+                    # Inside the block: after it, the writer may run before this task resumes.
+                    events.append(f"done {name}")
 
             async def writer() -> None:
                 await asyncio.wait_for(both.wait(), LIVENESS)
