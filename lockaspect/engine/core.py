@@ -16,6 +16,7 @@ import threading
 import weakref
 from collections import deque
 from collections.abc import Callable, Collection, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .. import _policy
@@ -432,8 +433,7 @@ class Engine(Sweeping):
 
     def lost_here(self, lease: Lease, reason: str) -> None:
         """The caller's thread learned of the loss (release, re-entry): the hook runs here."""
-        if lease._mark_lost(reason):
-            lease_event(self.emit, "lost", lease, reason)
+        if lease._mark_lost(reason, partial(lease_event, self.emit, "lost", lease, reason)):
             run_hook(lease)
 
     def store_lost(self, tokens: Collection[str], reason: str, keys: Collection[str] | None = None) -> None:
@@ -454,10 +454,9 @@ class Engine(Sweeping):
             if record.lost_reason is None:
                 record.lost_reason = reason
             return
-        if lease._mark_lost(reason):
-            lease_event(self.emit, "lost", lease, reason)
-            if lease._on_lost is not None:
-                self.hooks.submit(lease)
+        tell = partial(lease_event, self.emit, "lost", lease, reason)
+        if lease._mark_lost(reason, tell) and lease._on_lost is not None:
+            self.hooks.submit(lease)
 
     # -- the acquisition's events ---------------------------------------------------------
 
