@@ -233,7 +233,14 @@ class KeyTemplate:
                 out.append(piece)
                 continue
             assert isinstance(piece, Placeholder)
-            out.append(self._render(piece, self._evaluate(piece, names)))
+            node = piece.node
+            if type(node) is ast.Name and node.id in names:
+                # A bare argument name (the usual ``<order_id>``): what simpleeval's name
+                # lookup returns, without an evaluator per call.
+                value = names[node.id]
+            else:
+                value = self._evaluate(piece, names)
+            out.append(self._render(piece, value))
         return self._checked("".join(out))
 
     def render_many(self, names: Mapping[str, Any]) -> list[str]:

@@ -104,7 +104,6 @@ class Lease:
 
     def __init__(
         self,
-        *,
         owner: object,
         record: Renewal,
         fencing_token: int,
@@ -300,16 +299,22 @@ class Lease:
         owner: Any = self._owner
         return owner.hand
 
-    def _mark_lost(self, reason: str) -> bool:
-        """Flip to lost; ``True`` for the caller that flipped it (it runs the hooks)."""
+    def _mark_lost(self, reason: str, tell: Callable[[], object] | None = None) -> bool:
+        """Flip to lost; ``True`` for the caller that flipped it (it runs the hooks). ``tell``
+        (the observers' ``lost`` event) runs before the waiters are woken: a woken body ends
+        and releases, and its ``released`` must not come before the ``lost`` that caused it."""
         with _BOOKKEEPING:
             record = self._record
             if record.lost_reason is not None:
                 return False
             record.lost_reason = reason
             waiters, self._lost_waiters = self._lost_waiters, None
-        for wake in waiters or ():
-            wake()
+        try:
+            if tell is not None:
+                tell()
+        finally:
+            for wake in waiters or ():
+                wake()
         return True
 
     def _add_lost_waiter(self, wake: Callable[[], object]) -> None:

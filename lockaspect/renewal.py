@@ -18,8 +18,9 @@ if TYPE_CHECKING:
 
 __all__ = ["DISPATCH_ALLOWANCE", "Renewal", "lost_guard"]
 
-# Record states.
-ARMED, QUEUED, IN_FLIGHT, FINAL, CLOSED = range(5)
+# Record states. NEW and NEW_FINAL: registered (to be renewed) or watched (a fixed lease), not
+# yet on the wheel: the timer thread arms it at its next tick (see Watchdog.register).
+ARMED, QUEUED, IN_FLIGHT, FINAL, CLOSED, NEW, NEW_FINAL = range(7)
 
 #: Seconds allowed, on top of one timer tick, for the lost signal to reach the holder (the
 #: hook thread, a cancelled task) before the store's lease end: a lease counts as lost this
@@ -71,7 +72,6 @@ class Renewal:
 
     def __init__(
         self,
-        *,
         key: str,
         token: str,
         kind: str,
@@ -126,4 +126,5 @@ class Renewal:
         return RenewItem(self.key, self.token, seconds, self.kind)
 
     def __repr__(self) -> str:
-        return f"<Renewal {self.key!r} {('armed', 'queued', 'in-flight', 'final', 'closed')[self.state]}>"
+        state = ("armed", "queued", "in-flight", "final", "closed", "new", "new-final")[self.state]
+        return f"<Renewal {self.key!r} {state}>"

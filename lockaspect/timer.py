@@ -22,7 +22,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sized
 from typing import Any, Final
 
 from ._wakeup import Wakeup
@@ -251,6 +251,7 @@ class HashedWheelTimer:
         self._idle = False
         self._stopped = False
         self._tick_listeners: list[Callable[[], None]] = []
+        self._feeds: list[tuple[Sized, Callable[[], None]]] = []
 
     @property
     def tick(self) -> float:
@@ -270,6 +271,27 @@ class HashedWheelTimer:
         The watchdog uses this to send everything that fell due in one tick as one batch.
         """
         self._tick_listeners.append(listener)
+
+    def add_feed(self, queue: Sized, drain: Callable[[], None]) -> None:
+        """Call ``drain`` on the timer thread at each tick, before the tick's timeouts fire,
+        while ``queue`` is not empty; the thread does not idle while it is. A caller appends
+        to ``queue`` and then calls :meth:`poke` (the watchdog arms new leases this way)."""
+        self._feeds.append((queue, drain))
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
+
+    def poke(self) -> None:
+        """Start the thread, or wake it if it idles, after an append to a feed's queue: as
+        :meth:`schedule` does after its append (the same idle handshake)."""
+        if self._thread is None:
+            self._start()
+        elif self._idle:
+            self._wake.set()
+
+    def _fed(self) -> bool:
+        return any(queue for queue, _ in self._feeds)
 
     def schedule(self, deadline: float, fn: Callable[[Any], object], arg: Any = None) -> Timeout:
         """Call ``fn(arg)`` on the timer thread at monotonic time ``deadline`` (or up to one
@@ -322,7 +344,9 @@ class HashedWheelTimer:
         busy_at = clock()
         while not self._stopped:
             now = clock()
-            if not wheel.idle:  # also counts timeouts scheduled (and maybe cancelled) since the last tick
+            # Busy: timeouts scheduled (and maybe cancelled) since the last tick count, and so
+            # does a feed's queue (see add_feed).
+            if not wheel.idle or self._fed():
                 busy_at = now
             next_at = wheel.next_tick_at()
             if now < next_at:
@@ -334,11 +358,11 @@ class HashedWheelTimer:
                     # reads _idle, so either we see its timeout or it sees _idle and wakes us.
                     self._idle = True
                     woken = True
-                    if wheel.idle and not self._stopped:
+                    if wheel.idle and not self._fed() and not self._stopped:
                         # Bounded: a wake-up may be lost to an interrupted schedule().
                         woken = wake.wait(IDLE_RECHECK)
                     self._idle = False
-                    if woken or not wheel.idle:
+                    if woken or not wheel.idle or self._fed():
                         busy_at = clock()
                     else:
                         self._notify_listeners()  # a periodic look, also while idle
@@ -346,12 +370,21 @@ class HashedWheelTimer:
                 else:
                     wake.wait(next_at - now)
                 continue
+            self._drain_feeds()  # into the wheel before this tick's bucket fires
             for timeout in wheel.advance(now):
                 try:
                     timeout.run()
                 except Exception:
                     log.exception("timer callback %r failed", timeout)
             self._notify_listeners()
+
+    def _drain_feeds(self) -> None:
+        for queue, drain in self._feeds:
+            if queue:
+                try:
+                    drain()
+                except Exception:
+                    log.exception("timer feed %r failed", drain)
 
     def _notify_listeners(self) -> None:
         for listener in self._tick_listeners:

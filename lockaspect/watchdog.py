@@ -3,7 +3,8 @@ one thread, whatever code (threads or event loops) holds the leases.
 
 Each lease has a :class:`Renewal` record here (the user's :class:`~lockaspect.Lease` reads
 its deadline and lost reason from it) and at most two timeouts on the client's wheel: the
-next renewal attempt and, while an attempt is pending, the lease's local deadline. When a
+next renewal attempt and, while an attempt is pending, the lease's local deadline. A new
+lease reaches the wheel at the timer's next tick (see :meth:`Watchdog.register`). When a
 renewal falls due the timer thread only queues the record; after the tick the watchdog
 thread sends everything queued in ONE round trip, on a connection of its own (so lock
 traffic, and a busy event loop, never delay it), and reads one status per lease:
@@ -36,6 +37,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence, Sized
 from typing import TYPE_CHECKING, Any, Final
 
@@ -44,7 +46,7 @@ from ._wakeup import Wakeup
 from .backends.base import Capability, RenewItem
 from .errors import BackendError
 from .observe import LockEvent
-from .renewal import ARMED, CLOSED, DISPATCH_ALLOWANCE, FINAL, IN_FLIGHT, QUEUED, Renewal
+from .renewal import ARMED, CLOSED, DISPATCH_ALLOWANCE, FINAL, IN_FLIGHT, NEW, NEW_FINAL, QUEUED, Renewal
 
 if TYPE_CHECKING:
     from .backends.base import Store
@@ -136,7 +138,10 @@ class Watchdog:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self.stats = WatchdogStats()
+        # Leases registered or watched since the timer's last tick (see register).
+        self._new: deque[Renewal] = deque()
         timer.add_tick_listener(self._after_tick)
+        timer.add_feed(self._new, self._arm_new)
 
     @property
     def thread(self) -> threading.Thread | None:
@@ -147,15 +152,42 @@ class Watchdog:
         return self._timer.tick
 
     def register(self, record: Renewal) -> None:
-        """Start renewing a watchdog-mode lease. Call before the body starts."""
-        with self._lock:
-            self._arm_next(record)
+        """Start renewing a watchdog-mode lease. Call before the body starts.
+
+        The caller only queues the record (a deque append, no lock, no timeout made): the
+        timer thread puts it on the wheel at its next tick, before that tick's timeouts fire,
+        which is when a timeout scheduled here would have reached the wheel too; so the first
+        renewal and the deadline come exactly as if it were scheduled now. A lease released
+        before that tick (the usual lock cycle) never reaches the wheel at all."""
+        self._queue(record, NEW)
 
     def watch(self, record: Renewal) -> None:
-        """Watch a fixed lease: no renewal, only the lost signal at its deadline."""
-        with self._lock:
-            record.state = FINAL
-            self._ensure_deadline(record)
+        """Watch a fixed lease: no renewal, only the lost signal at its deadline (queued
+        like :meth:`register`)."""
+        self._queue(record, NEW_FINAL)
+
+    def _queue(self, record: Renewal, state: int) -> None:
+        timer = self._timer
+        if timer.stopped:  # the client is closing: nothing will renew it (see _schedule)
+            record.state = CLOSED
+            return
+        record.state = state
+        self._new.append(record)
+        timer.poke()
+
+    def _arm_new(self) -> None:
+        """Put the leases queued by :meth:`register` and :meth:`watch` on the wheel (timer
+        thread), those not released meanwhile; in chunks, like :meth:`_apply`."""
+        new = self._new
+        while new:
+            with self._lock:
+                for _ in range(min(len(new), APPLY_CHUNK)):
+                    record = new.popleft()
+                    if record.state == NEW:
+                        self._arm_next(record)
+                    elif record.state == NEW_FINAL:
+                        record.state = FINAL
+                        self._ensure_deadline(record)
 
     def released(self, record: Renewal) -> None:
         """Stop renewing or watching ``record`` (its release was answered, or is not sent).
@@ -422,6 +454,7 @@ class Watchdog:
         self._arm_renewal(record, at)
 
     def _reset_after_fork(self) -> None:
+        self._new.clear()
         self._lock = threading.Lock()
         self._wake = Wakeup()
         self._due = []

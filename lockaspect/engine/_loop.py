@@ -10,7 +10,7 @@ from typing import Any
 
 from ..errors import BackendError
 
-__all__ = ["LoopState", "LostCancel", "cancelling", "raise_if_cancel_lost"]
+__all__ = ["LoopState", "LostCancel", "cancelling", "raise_if_cancel_lost", "resend_release"]
 
 
 class _AsyncSlot:
@@ -141,3 +141,21 @@ async def _quietly(state: LoopState, coro: Any) -> None:
 
     with contextlib.suppress(BaseException):
         await asyncio.shield(state.spawn(call()))
+
+
+async def resend_release(engine: Any, store: Any, lease: Any) -> None:
+    """Release ``lease`` again (a task of its own) after a cancellation cut its release short:
+    the first request may have gone out and run, or not. A release is by owner token, and
+    every store answers a second release of a token NOT_OWNER (tests/contract), so this one
+    either releases the lock or finds it released already (or taken since by another owner,
+    whose lock it leaves alone). The renewals stop either way; NOT_OWNER here is not a loss
+    (the first release's answer is unknown), as for the sweep's releases."""
+    code: Any
+    try:
+        code = await store.release(lease.key, lease.token, lease.kind)
+    except BackendError as exc:
+        code = exc
+    except BaseException:
+        engine.release_failed_locally(lease)
+        raise
+    engine.release_done(lease, code, abandoned=True)

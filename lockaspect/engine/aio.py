@@ -1,7 +1,8 @@
 """The asyncio runner: :mod:`.sync`'s twin, method for method, around the same :mod:`.core`
 and :mod:`.waiting` decisions. What is genuinely asyncio lives here: the per-loop state (an
 async store per event loop), shielding of the round trips that must finish whatever happens
-to the caller (releases, leaving a queue), and cancelling a body whose lease is lost.
+to the caller (leaving a queue; a release cut short by a cancellation is sent again), and
+cancelling a body whose lease is lost.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from ..kinds import LockKind
 from ..lease import _HELD, Lease, _push
 from ..options import LockSpec
 from ..owner import owner_record
-from ._loop import LoopState, LostCancel, _AsyncSlot, _quietly, cancelling, raise_if_cancel_lost
+from ._loop import LoopState, LostCancel, _AsyncSlot, _quietly, cancelling, raise_if_cancel_lost, resend_release
 from .core import Engine, Plan
 from .holds import Hold
 from .many import arelease_all
@@ -101,7 +102,7 @@ class AsyncRunner:
             below = kind.below(key, engine.find)
             plan = engine.plan(spec, key)
             token = new_token()
-            waiter = self._first_waiter(state, key, spec)
+            waiter = None if spec.wait == 0 else self._first_waiter(state, key, spec)  # a single try never queues
             sent = engine.clock()
             failure: BackendError | None = None
             owner = self._owner(key)
@@ -128,7 +129,8 @@ class AsyncRunner:
                     state, key, token, plan, spec, start, result, waiter, below, failure
                 )
             hold = await self.take(state, (key,), token, result, spec, plan, sent, start)
-            engine.spare(key, kind, waiter)
+            if waiter is not None:
+                engine.spare(key, kind, waiter)
             return hold
         except BackendError as exc:
             engine.tell("acquire_failed", key, kind.name, error=exc)
@@ -402,40 +404,39 @@ class AsyncRunner:
         try:
             engine.entered(hold, await state.store.reenter(lease.key, lease.token, lease.kind))
         except BaseException:
-            assert hold.ref is not None
-            last = engine.give_back(hold.ref)  # no await unless it was the last hold
-            if last is not None:
-                await asyncio.shield(state.spawn(self._release_store(last, state)))
+            await self.release(hold, state)  # no round trip unless it was the last hold
             raise
         return hold
 
     async def release(self, hold: Hold, state: LoopState) -> None:
-        """Give back one hold, in a task of its own: a caller cancelled meanwhile stops
-        waiting, the release does not (and waits on nothing but its own round trip)."""
-        await asyncio.shield(state.spawn(self._release(hold, state)))
+        """Give back one hold; the last is released in the store in the caller's task (a task
+        of its own per release costs a third of a cycle). A caller cancelled meanwhile stops
+        waiting; the release is sent again (:func:`~._loop.resend_release`)."""
+        ref = hold.ref
+        assert ref is not None
+        lease = self.engine.give_back(ref)
+        hold.ref = None  # see SyncRunner.release
+        if lease is not None:
+            await self._release_store(lease, state, resend=True)
 
     async def release_all(self, holds: Sequence[Hold], state: LoopState) -> None:
         """:meth:`release` for a multi-key lock's holds: one store call for the set (see :mod:`.many`)."""
         release = partial(self._release_store, state=state)
         await asyncio.shield(state.spawn(arelease_all(self.engine, state.store, holds, release)))
 
-    async def _release(self, hold: Hold, state: LoopState) -> None:
-        ref = hold.ref
-        assert ref is not None
-        lease = self.engine.give_back(ref)
-        hold.ref = None  # see SyncRunner.release
-        if lease is not None:
-            await self._release_store(lease, state)
-
-    async def _release_store(self, lease: Lease, state: LoopState) -> None:
-        """Release ``lease`` (its last hold was given back) in the store."""
+    async def _release_store(self, lease: Lease, state: LoopState, resend: bool = False) -> None:
+        """Release ``lease`` (its last hold was given back) in the store; ``resend``: if the
+        caller is cancelled meanwhile, send it again from a task of its own."""
         code: ReleaseResult | BackendError
         try:
             code = await state.store.release(lease.key, lease.token, lease.kind)
         except BackendError as exc:
             code = exc
-        except BaseException:
-            self.engine.release_failed_locally(lease)
+        except BaseException as exc:
+            if resend and isinstance(exc, asyncio.CancelledError):
+                state.spawn(resend_release(self.engine, state.store, lease))
+            else:
+                self.engine.release_failed_locally(lease)
             raise
         self.engine.release_done(lease, code)
 

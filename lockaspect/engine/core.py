@@ -16,6 +16,7 @@ import threading
 import weakref
 from collections import deque
 from collections.abc import Callable, Collection, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .. import _policy
@@ -51,11 +52,13 @@ def _no_record(key: str) -> str:
 
 
 class Plan(NamedTuple):
-    """The lease an acquisition asks for and how it is renewed."""
+    """The lease an acquisition asks for and how it is renewed (``guard``: see
+    :func:`~lockaspect.renewal.lost_guard`)."""
 
     watchdog: bool
     lease_time: float
     delay_weight: float
+    guard: float
 
 
 class Engine(Sweeping):
@@ -119,6 +122,10 @@ class Engine(Sweeping):
         # too low (a lease leaves only once its last hold is given back); the sweep recounts it.
         self.held_keys: dict[str, int] = {}
         self.spare_ids = SpareIds()
+        # id(spec) -> (spec, its single-key plan): a spec is immutable and the store's kinds
+        # and this engine's defaults do not change, so its plan is worked out once. The entry
+        # keeps its spec alive, so an id here is never a later spec's.
+        self.plans: dict[int, tuple[LockSpec, Plan]] = {}
         #: Called with the abandoned hold refs the sweep must release (set by the sync runner).
         self.release_abandoned: Callable[[HoldRef], None] = lambda ref: None
         if isinstance(store, ReportsLosses):
@@ -157,6 +164,18 @@ class Engine(Sweeping):
     def plan(self, spec: LockSpec, key: str, multi: bool = False) -> Plan:
         """The lease to ask for and how to renew it; refuses, before any I/O, a kind the store
         does not serve."""
+        if not multi:
+            cached = self.plans.get(id(spec))
+            if cached is not None and cached[0] is spec:
+                return cached[1]
+        plan = self._plan(spec, key, multi)
+        if not multi and spec.on_lost is None:  # a hook makes a fresh spec per call: not kept
+            if len(self.plans) >= 256:
+                self.plans.clear()
+            self.plans[id(spec)] = (spec, plan)
+        return plan
+
+    def _plan(self, spec: LockSpec, key: str, multi: bool) -> Plan:
         store = self.store
         kind: LockKind = spec.kind
         if kind.name not in store.kinds or (multi and not store.capabilities & Capability.MULTI_KEY):
@@ -174,7 +193,7 @@ class Engine(Sweeping):
             lease_time = spec.lease
         if spec.max_hold is not None and spec.max_hold < lease_time:
             lease_time = spec.max_hold
-        return Plan(watchdog, lease_time, delay_weight)
+        return Plan(watchdog, lease_time, delay_weight, lost_guard(lease_time, self.tick))
 
     def early_waiter(self, spec: LockSpec, notifier: Any, key: str = "") -> str | None:
         """The waiter id a first attempt may queue under: when the caller would wait and this
@@ -296,32 +315,19 @@ class Engine(Sweeping):
         """The lease for an acquisition, its first hold, registered with the watchdog and
         counted. ``sent``: when the acquire request left (the lease is trusted from then)."""
         kind = spec.kind
-        granted = plan.lease_time if valid_for is None else min(valid_for, plan.lease_time)
+        lease_time = plan.lease_time
+        granted = lease_time if valid_for is None else min(valid_for, lease_time)
+        # Positional: this runs once per acquisition.
         record = Renewal(
-            key=key,
-            token=token,
-            kind=kind.name,
-            lease_time=plan.lease_time,
-            delay_weight=plan.delay_weight,
-            sent=sent,
-            granted=granted,
-            max_hold=spec.max_hold,
-            guard=lost_guard(plan.lease_time, self.tick),
-            clock=self.clock,
+            key, token, kind.name, lease_time, plan.delay_weight, sent, granted, spec.max_hold, plan.guard, self.clock
         )
-        lease = Lease(
-            owner=self,
-            record=record,
-            fencing_token=fence,
-            watchdog=plan.watchdog,
-            on_lost=spec.on_lost,
-            loop=loop,
-            permits=kind.permits,
-            family=kind.family,
-            template=template_of(key) if self.emit.observed else "",
-        )
+        emit = self.emit
+        template = template_of(key) if emit.observed else ""
+        lease = Lease(self, record, fence, plan.watchdog, spec.on_lost, loop, kind.permits, kind.family, template)
         record.lease_ref = weakref.ref(lease)
-        hold = self.new_hold(lease)
+        hold = Hold(lease)
+        # The callback is deque.append itself (see new_hold).
+        hold.ref = HoldRef(hold, self.orphans.append, lease)
         with self.lock:
             held_keys = self.held_keys
             held_keys[key] = held_keys.get(key, 0) + 1
@@ -331,7 +337,7 @@ class Engine(Sweeping):
             self.watchdog.register(record)
         else:
             self.watchdog.watch(record)
-        self.emit.cycle("acquired", lease, waited)
+        emit.cycle("acquired", lease, waited)
         return hold
 
     def new_hold(self, lease: Lease) -> Hold:
@@ -427,8 +433,7 @@ class Engine(Sweeping):
 
     def lost_here(self, lease: Lease, reason: str) -> None:
         """The caller's thread learned of the loss (release, re-entry): the hook runs here."""
-        if lease._mark_lost(reason):
-            lease_event(self.emit, "lost", lease, reason)
+        if lease._mark_lost(reason, partial(lease_event, self.emit, "lost", lease, reason)):
             run_hook(lease)
 
     def store_lost(self, tokens: Collection[str], reason: str, keys: Collection[str] | None = None) -> None:
@@ -449,10 +454,9 @@ class Engine(Sweeping):
             if record.lost_reason is None:
                 record.lost_reason = reason
             return
-        if lease._mark_lost(reason):
-            lease_event(self.emit, "lost", lease, reason)
-            if lease._on_lost is not None:
-                self.hooks.submit(lease)
+        tell = partial(lease_event, self.emit, "lost", lease, reason)
+        if lease._mark_lost(reason, tell) and lease._on_lost is not None:
+            self.hooks.submit(lease)
 
     # -- the acquisition's events ---------------------------------------------------------
 

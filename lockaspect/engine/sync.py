@@ -71,7 +71,7 @@ class SyncRunner:
             below = kind.below(key, engine.find)
             plan = engine.plan(spec, key)
             token = new_token()
-            waiter = self._first_waiter(key, spec)
+            waiter = None if spec.wait == 0 else self._first_waiter(key, spec)  # a single try never queues
             sent = engine.clock()
             failure: BackendError | None = None
             owner = engine.owner(key)
@@ -96,7 +96,8 @@ class SyncRunner:
             if not result.acquired:
                 result, sent, token = self.wait(key, token, plan, spec, start, result, waiter, below, failure)
             hold = self.take((key,), token, result, spec, plan, sent, start)
-            engine.spare(key, kind, waiter)
+            if waiter is not None:
+                engine.spare(key, kind, waiter)
             return hold
         except BackendError as exc:
             engine.tell("acquire_failed", key, kind.name, error=exc)

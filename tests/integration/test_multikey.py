@@ -5,6 +5,7 @@ bad input."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import subprocess
 import sys
 import threading
@@ -254,10 +255,17 @@ class TestOneRoundTripRelease:
     ) -> None:
         thief = LockClient.from_url(lock_server.url, namespace=self.namespace)
         block = client.multi_lock(list(self.KEYS), lease=30)
-        multi = block.__enter__()
-        raw.delete(f"{self.namespace}{{rt:b}}")
-        with thief, thief.lock("rt:b", wait=0) as stolen, pytest.raises(LockLost) as caught:
-            block.__exit__(None, None, None)
+
+        def steal() -> tuple[Any, Any, Any]:
+            multi = block.__enter__()
+            raw.delete(f"{self.namespace}{{rt:b}}")
+            with thief, thief.lock("rt:b", wait=0) as stolen, pytest.raises(LockLost) as caught:
+                block.__exit__(None, None, None)
+            return multi, stolen, caught
+
+        # In a context of its own: the blocks above exit out of order, and the held-lease
+        # stack they leave behind must not reach the tests run after this one.
+        multi, stolen, caught = contextvars.copy_context().run(steal)
         assert caught.value.key == "rt:b"
         assert [lease.lost for lease in multi.leases] == [False, True, False]
         assert stolen.key == "rt:b"
