@@ -5,7 +5,7 @@ the package docstring for what the store guarantees."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from ...errors import ConfigurationError
@@ -142,9 +142,15 @@ class ZooKeeperStore(_Base, AdminMixin):
         return self._notifier
 
     def report_losses(self, callback: LossCallback) -> None:
-        """Tell ``callback`` of every hold the session loses (see ``ReportsLosses``); the keys
-        reported are the tokens' (the engine finds the leases by token)."""
-        self._session.on_loss = callback
+        """Tell ``callback`` of every hold the session loses (see ``ReportsLosses``): by token,
+        with the keys (without this store's namespace) when only some of a token's holds were
+        lost (one key of a multi-key set)."""
+        cut = len(self.namespace)
+
+        def report(tokens: Collection[str], reason: str, keys: Collection[str] | None = None) -> None:
+            callback(tokens, reason, None if keys is None else [key[cut:] for key in keys])
+
+        self._session.on_loss = report
 
     def wait_for_replicas(self, replicas: int, timeout: float) -> None:
         raise ConfigurationError(
