@@ -303,7 +303,7 @@ async def lockaspect_async_variants(url: str) -> list[AVariant]:
     async with client.lock("bench-async:settings"):
         pass
     try:  # private: the running loop's async backend and its redis.asyncio client
-        variants[0].settings = _util.connection_settings(client._loop_state().store.redis)
+        variants[0].settings = _util.connection_settings(client._async.state().store.redis)
     except Exception as exc:
         out(f"  (cannot read lockaspect's async client settings: {type(exc).__name__}: {exc})")
     variants[0].check = check
