@@ -249,3 +249,14 @@ def out(text: str = "") -> None:
 
 def err(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
+
+
+def lock_cycles(client: Any, key: str, lease: float | None) -> Callable[[int], None]:
+    """``n`` uncontended ``with client.lock(key, lease=lease)`` cycles: lockaspect's row runner."""
+
+    def run(n: int) -> None:
+        for _ in range(n):
+            with client.lock(key, lease=lease):
+                pass
+
+    return run

@@ -288,12 +288,7 @@ def lockaspect_variants(url: str) -> list[Variant]:
     client = LockClient.from_url(url)
 
     def block(key: str, lease: float | None) -> Callable[[int], None]:
-        def run(n: int) -> None:
-            for _ in range(n):
-                with client.lock(key, lease=lease):
-                    pass
-
-        return run
+        return _util.lock_cycles(client, key, lease)
 
     @distributed_lock(key="bench:<n>", client=client)
     def decorated_watchdog(n: int) -> int:

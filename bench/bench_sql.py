@@ -340,12 +340,7 @@ def lockaspect_variants(url: str) -> list[Variant]:
     loop = asyncio.new_event_loop()
 
     def block(key: str, lease: float | None) -> Callable[[int], None]:
-        def run(n: int) -> None:
-            for _ in range(n):
-                with client.lock(key, lease=lease):
-                    pass
-
-        return run
+        return _util.lock_cycles(client, key, lease)
 
     @distributed_lock(key="bench-sql:<n>", client=client)
     def decorated(n: int) -> int:

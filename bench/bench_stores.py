@@ -44,12 +44,7 @@ def lockaspect_rows(client: Any, prefix: str) -> list[Variant]:
     from lockaspect import distributed_lock
 
     def block(key: str, lease: float | None) -> Callable[[int], None]:
-        def run(n: int) -> None:
-            for _ in range(n):
-                with client.lock(key, lease=lease):
-                    pass
-
-        return run
+        return _util.lock_cycles(client, key, lease)
 
     @distributed_lock(key=f"{prefix}:deco", client=client)
     def decorated() -> None:

@@ -377,12 +377,7 @@ def lockaspect_variants(url: str, loop: asyncio.AbstractEventLoop) -> list[Varia
     client = LockClient.from_url(url)
 
     def block(key: str, lease: float | None) -> Callable[[int], None]:
-        def run(n: int) -> None:
-            for _ in range(n):
-                with client.lock(key, lease=lease):
-                    pass
-
-        return run
+        return _util.lock_cycles(client, key, lease)
 
     @distributed_lock(key="bench-zk:<n>", client=client)
     def decorated(n: int) -> int:
