@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import secrets
 import sqlite3
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -223,6 +224,58 @@ def test_postgres_table_of_the_previous_version_is_upgraded_on_open(
         assert weights == 1
     finally:
         store.close()
+
+
+def test_postgres_table_an_upgrade_made_meanwhile_is_not_made_again(database: str, namespace: str) -> None:
+    """Two clients open an old table at the same moment: the one that waited for the first's
+    upgrade reads the catalog again under the schema lock and runs no ALTER TABLE of its own
+    (one that adds nothing still takes the table's exclusive lock, and every lock operation
+    would queue behind it)."""
+    from lockaspect.backends.sql.table._sql import ADDED_COLUMNS
+    from lockaspect.backends.sql.table.options import _SCHEMA_LOCK
+
+    with connect(database) as conn:
+        for statement in OLD_POSTGRES_SCHEMA.split(";"):
+            if statement.strip():
+                conn.execute(statement)
+        conn.execute("CREATE TABLE ddl_log (tag text)")
+        conn.execute(
+            "CREATE FUNCTION log_ddl() RETURNS event_trigger LANGUAGE plpgsql AS "
+            "$$ BEGIN INSERT INTO ddl_log VALUES (tg_tag); END $$"
+        )
+        conn.execute(
+            "CREATE EVENT TRIGGER log_ddl ON ddl_command_end WHEN TAG IN ('ALTER TABLE') EXECUTE FUNCTION log_ddl()"
+        )
+    url = database.replace("postgresql://", "postgresql+table://", 1)
+    opened: list[Any] = []
+    failed: list[BaseException] = []
+
+    def open_it() -> None:
+        try:
+            opened.append(open_store(url, namespace=namespace, create_schema=False))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            failed.append(exc)
+
+    first = connect(database)
+    try:
+        with first.transaction():  # the first client's upgrade, under the schema lock
+            first.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+            thread = threading.Thread(target=open_it)
+            thread.start()
+            # The second client found the columns missing and queues for the schema lock.
+            while not first.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+            ).fetchone()[0]:
+                assert thread.is_alive(), failed
+            for column, declaration in ADDED_COLUMNS:
+                first.execute(f"ALTER TABLE lockaspect_holds ADD COLUMN {column} {declaration}")
+        thread.join()
+        assert not failed, failed
+        assert first.execute("SELECT count(*) FROM ddl_log").fetchone()[0] == len(ADDED_COLUMNS)
+    finally:
+        first.close()
+        for store in opened:
+            store.close()
 
 
 def test_postgres_advisory_schema_of_the_previous_version_is_upgraded_on_open(database: str, namespace: str) -> None:

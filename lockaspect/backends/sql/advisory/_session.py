@@ -269,12 +269,14 @@ class PoolBase:
         idle = self.settings.idle_session_timeout
         return session.lost is not None or session.suspect or bool(idle and now - session.last > idle * 0.75)
 
-    def _done(self, session: Any) -> bool:
-        """A statement on ``session`` finished (or its wait ended): whether to close it (lost,
-        or empty and surplus)."""
+    def _done(self, session: Any, statement: bool = True) -> bool:
+        """A statement on ``session`` finished (``statement``: it counted in ``users``) or its
+        queued wait ended (not counted there: statements may run on the session meanwhile,
+        and their count must stand): whether to close it (lost, or empty and surplus)."""
         with self.lock:
             session.last = time.monotonic()
-            session.users = max(0, session.users - 1)
+            if statement:
+                session.users = max(0, session.users - 1)
             drop = self._surplus(session)
             if drop and session in self.sessions:
                 self.sessions.remove(session)
@@ -361,8 +363,8 @@ class Pool(PoolBase):
             self._opened(opened, pending)
         return opened
 
-    def done(self, session: Session) -> None:
-        if self._done(session):
+    def done(self, session: Session, statement: bool = True) -> None:
+        if self._done(session, statement):
             _close(session)
 
     def close(self) -> list[Session]:

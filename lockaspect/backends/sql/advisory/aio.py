@@ -134,8 +134,8 @@ class AsyncPool(PoolBase):
             self._opened(opened, pending)
         return opened
 
-    async def done(self, session: AsyncSession) -> None:
-        if self._done(session):
+    async def done(self, session: AsyncSession, statement: bool = True) -> None:
+        if self._done(session, statement):
             await _close(session)
 
 
@@ -299,7 +299,7 @@ class AsyncPostgresAdvisoryStore(AsyncAdminMixin):
             else:
                 self._core.table.add_wait(pending)
         if clash:
-            await self._pool.done(session)
+            await self._pool.done(session, statement=False)
             return None
         task = asyncio.get_running_loop().create_task(self._wait(pending, op))
         self._tasks.add(task)
@@ -349,7 +349,7 @@ class AsyncPostgresAdvisoryStore(AsyncAdminMixin):
             with self._core.lock:
                 if session.waiting is pending:
                     session.waiting = None
-            await self._pool.done(session)
+            await self._pool.done(session, statement=False)
             pending.settled.set()
 
     async def _watch_claim(self, pending: Pending) -> None:

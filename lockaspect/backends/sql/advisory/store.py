@@ -213,7 +213,7 @@ class PostgresAdvisoryStore(AdminMixin):
                 self._core.table.add_wait(pending)
                 clash = False
         if clash:
-            self._pool.done(session)
+            self._pool.done(session, statement=False)
             return None
         thread = threading.Thread(target=self._wait, args=(pending, op), name="lockaspect-pg-wait", daemon=True)
         with self._core.lock:
@@ -269,7 +269,7 @@ class PostgresAdvisoryStore(AdminMixin):
                 if session.waiting is pending:
                     session.waiting = None
                 self._threads.discard(threading.current_thread())
-            self._pool.done(session)
+            self._pool.done(session, statement=False)
             pending.settled.set()
 
     def _watch_claim(self, pending: Pending) -> None:

@@ -408,15 +408,20 @@ def _migrate_postgres(conn: Any, label: str) -> None:
     an ALTER TABLE, even one that adds nothing, takes the table's exclusive lock."""
     import psycopg
 
-    have = {row[0] for row in conn.execute(_COLUMNS).fetchall()}
-    missing = [(column, declaration) for column, declaration in ADDED_COLUMNS if column not in have]
+    missing = _lacking(conn)
     if not missing:
         return
     statements = [f"ALTER TABLE lockaspect_holds ADD COLUMN IF NOT EXISTS {c} {d}" for c, d in missing]
     try:
         with conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+            # Read again under the schema lock: a client that started at the same moment
+            # may have added them while this one waited, and an ALTER TABLE that adds
+            # nothing still takes the table's exclusive lock (every lock operation would
+            # queue behind it).
+            missing = _lacking(conn)
             conn.execute(f"SET LOCAL lock_timeout = '{_MIGRATE_WAIT}'")
+            statements = [f"ALTER TABLE lockaspect_holds ADD COLUMN IF NOT EXISTS {c} {d}" for c, d in missing]
             for statement in statements:
                 conn.execute(statement)
     except psycopg.errors.LockNotAvailable:
@@ -426,6 +431,12 @@ def _migrate_postgres(conn: Any, label: str) -> None:
             f"{label}: lockaspect_holds was made by an earlier lockaspect and needs a new column, which this role "
             f"cannot add ({exc}); run once as the table's owner: {'; '.join(statements)}"
         ) from exc
+
+
+def _lacking(conn: Any) -> list[tuple[str, str]]:
+    """The columns of :data:`ADDED_COLUMNS` the table lacks (read from the catalog)."""
+    have = {row[0] for row in conn.execute(_COLUMNS).fetchall()}
+    return [(column, declaration) for column, declaration in ADDED_COLUMNS if column not in have]
 
 
 def _missing(label: str, what: str, cause: BaseException | None = None) -> Any:
