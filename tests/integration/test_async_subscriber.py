@@ -148,3 +148,29 @@ def test_a_refused_subscribe_leaves_waiters_polling(reader: str, lock_server: Lo
         asyncio.run(main())
     finally:
         raw.acl_deluser("nopubsub")
+
+
+def test_a_closed_subscriber_connection_is_closed_for_redis_py_too(
+    reader: str, lock_server: LockServer, raw: Any
+) -> None:
+    """The connection taken over still tells redis-py's stream protocol that it closed: its
+    ``disconnect()`` (a pool's ``disconnect``, ``aclose``) awaits ``wait_closed()``, which
+    would otherwise never return."""
+
+    async def main() -> None:
+        client = redis.asyncio.Redis.from_url(lock_server.url)
+        lost = asyncio.Event()
+        subscriber = await _subscriber.Subscriber.open(
+            client.connection_pool, lambda _s, _frame: None, lambda _s, _exc: lost.set()
+        )
+        writer = subscriber._connection._writer
+        subscriber.send(b"SUBSCRIBE", b"closing")
+        while not raw.pubsub_channels("closing"):
+            await asyncio.sleep(0.01)
+        raw.client_kill_filter(_type="pubsub")
+        await asyncio.wait_for(lost.wait(), 30)  # a deadlock guard, not a speed expectation
+        await asyncio.wait_for(writer.wait_closed(), 30)
+        await subscriber.close()
+        await client.aclose()
+
+    asyncio.run(main())

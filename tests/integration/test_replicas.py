@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from lockaspect import ConfigurationError, LockClient, NotReplicated, distributed_lock
+from lockaspect import ConfigurationError, LockClient, LockError, NotReplicated, distributed_lock
 from lockaspect.testing import LockServer
 
 LINK_TIMEOUT = 30.0  # a deadlock guard for the replication link, not a speed expectation
@@ -158,3 +158,67 @@ class TestBadInput:
             assert client.wait_replicas == (1, 2.0)
         with pytest.raises(ConfigurationError, match="at most 2s"):
             LockClient.from_url(lock_server.url, namespace=namespace, wait_replicas=(1, 2.5), socket_timeout=10.0)
+
+
+class TestWaitRefused:
+    """``WAIT`` refused by the server (an ACL without it, a proxy that does not pass it on):
+    the lock the script took in front of it is given back before the error reaches the caller,
+    also when the script was not cached (its NOSCRIPT reply is not hidden by the refusal)."""
+
+    @pytest.fixture
+    def refusing_url(self, lock_server: LockServer) -> Iterator[str]:
+        raw = lock_server.redis()
+        raw.acl_setuser(
+            "nowait", enabled=True, passwords=["+pw"], keys=["*"], channels=["*"], commands=["+@all", "-wait"]
+        )
+        try:
+            yield lock_server.url.replace("redis://", "redis://nowait:pw@")
+        finally:
+            raw.acl_deluser("nowait")
+            raw.close()
+
+    @pytest.mark.parametrize("cached", [True, False], ids=["cached", "cold"])
+    def test_sync(self, lock_server: LockServer, refusing_url: str, namespace: str, cached: bool) -> None:
+        raw = lock_server.redis()
+        _cache_scripts(lock_server, namespace, cached)
+        with LockClient.from_url(refusing_url, namespace=namespace, wait_replicas=(1, 0.3)) as client:
+            with pytest.raises(LockError, match=r"(?i)wait") as refused, client.lock("refused"):
+                pytest.fail("the body ran")
+            assert refused.value.key == "refused"
+            assert raw.exists(client.backend.lock_key("refused")) == 0
+        raw.close()
+
+    @pytest.mark.parametrize("cached", [True, False], ids=["cached", "cold"])
+    def test_asyncio(self, lock_server: LockServer, refusing_url: str, namespace: str, cached: bool) -> None:
+        raw = lock_server.redis()
+        client = LockClient.from_url(refusing_url, namespace=namespace, wait_replicas=(1, 0.3))
+
+        _cache_scripts(lock_server, namespace, cached)
+
+        async def main() -> None:
+            with pytest.raises(LockError, match=r"(?i)wait") as refused:
+                async with client.lock("refused"):
+                    pytest.fail("the body ran")
+            assert refused.value.key == "refused"
+            await client.aclose()  # waits for what the store sends in the background
+
+        try:
+            asyncio.run(main())
+            assert raw.exists(client.backend.lock_key("refused")) == 0
+        finally:
+            client.close()
+            raw.close()
+
+
+def _cache_scripts(server: LockServer, namespace: str, cached: bool) -> None:
+    """Have the server's script cache hold lockaspect's scripts (a lock cycle by a client
+    that does not wait for replicas), or hold nothing."""
+    raw = server.redis()
+    try:
+        raw.script_flush()
+        if cached:
+            with LockClient.from_url(server.url, namespace=namespace) as plain, plain.lock("warm-up"):
+                pass
+            assert raw.info("memory")["number_of_cached_scripts"] > 0
+    finally:
+        raw.close()

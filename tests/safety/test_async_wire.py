@@ -236,3 +236,33 @@ def test_a_write_past_the_high_water_mark_waits_for_the_socket_to_drain(lock_ser
             await store.redis.aclose()
 
     asyncio.run(main())
+
+
+def test_a_waiter_woken_and_cancelled_at_once_passes_the_connection_on(
+    lock_server: LockServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every connection busy, two tasks wait; the one a check-in wakes is cancelled in the same
+    loop iteration: the next waiter gets the connection then, not at its next token poll."""
+    from lockaspect.backends.redis import _async_wire
+
+    monkeypatch.setattr(_async_wire, "TOKEN_POLL", 3600.0)  # only a passed-on wake-up can help
+
+    async def main() -> None:
+        store = AsyncRedisStore.from_url(lock_server.url, max_connections=3)  # one for lock commands
+        wire = store._wire
+        try:
+            first = await wire._checkout()
+            woken = asyncio.ensure_future(wire._checkout())
+            next_in_line = asyncio.ensure_future(wire._checkout())
+            await _until(lambda: len(wire._waiters) == 2, "both tasks to wait for a connection")
+            wire._checkin(first)  # wakes `woken`...
+            woken.cancel()  # ...which is cancelled before it runs
+            connection = await asyncio.wait_for(next_in_line, 15.0)  # a hang guard
+            assert connection is first
+            assert woken.cancelled()
+            wire._checkin(connection)
+        finally:
+            await wire.close()
+            await store.redis.aclose()
+
+    asyncio.run(main())

@@ -505,6 +505,26 @@ def test_a_waiter_that_times_out_leaves_no_node(make: Callable[..., LockClient],
         assert waiter.backend._session.book.nodes() == []
 
 
+def test_a_try_that_finds_a_key_busy_keeps_no_node_once_it_answers(
+    make: Callable[..., LockClient], raw: Any, namespace: str
+) -> None:
+    """A try (``wait=0``) deletes its nodes before it answers busy, not in the background:
+    another session looking right after finds none (a multi-key try's node on a free key
+    would be its holder; a single key's, a place ahead of the next contender)."""
+    holder, trier = make(), make()
+    with holder.lock("m:b"):
+        (held,) = contenders(raw, namespace, "m:b")
+        for _ in range(20):
+            with pytest.raises(LockNotAcquired), trier.multi_lock(["m:a", "m:b"], wait=0):
+                pass
+            assert contenders(raw, namespace, "m:a") == []
+            assert contenders(raw, namespace, "m:b") == [held]
+            with pytest.raises(LockNotAcquired), trier.lock("m:b", wait=0):
+                pass
+            assert contenders(raw, namespace, "m:b") == [held]
+    assert trier.backend._session.book.nodes() == []
+
+
 def test_timed_out_waiters_do_not_pile_up_watch_callbacks(
     make: Callable[..., LockClient], raw: Any, namespace: str
 ) -> None:

@@ -34,6 +34,10 @@ __all__ = ["_AsyncWire", "_run_async", "_run_async_then"]
 #: Sent behind a batch, so that every reply of the batch, errors included, is returned.
 _PING = _packed((b"PING",))
 
+#: Seconds between looks for a connection token (one may come back from a connection the
+#: garbage collector closed, which wakes nobody) while every connection is busy.
+TOKEN_POLL = 0.05
+
 #: Above this many buffered bytes an async lock command waits for the socket to drain.
 _WRITE_HIGH_WATER = WRITE_HIGH_WATER
 
@@ -97,10 +101,8 @@ class _AsyncWire:
     ) -> tuple[Any, Any]:
         """:meth:`_Wire.call_then` for one event loop."""
         if asking:
-            first, second = (await self._send((ASKING, packed, _packed(then)), 3, asking_undo(undo)))[1:]
-            if isinstance(first, ResponseError):
-                raise first
-            return first, second
+            replies = await self._send((ASKING, packed, _packed(then)), 3, asking_undo(undo), raise_last=False)
+            return await self._then_replies(replies[1], replies[2], undo)
         if self._make is None:
             try:
                 pipe = self._client.pipeline(transaction=False)
@@ -111,13 +113,20 @@ class _AsyncWire:
                 if undo is not None:
                     self._spawn(self._undo_apart(undo))
                 raise
-            for reply in replies:
-                if isinstance(reply, Exception):
-                    raise reply
-            return replies[0], replies[1]
-        first, second = await self._send((packed, _packed(then)), 2, undo)
-        if isinstance(first, ResponseError):
+            return await self._then_replies(replies[0], replies[1], undo)
+        first, second = await self._send((packed, _packed(then)), 2, undo, raise_last=False)
+        return await self._then_replies(first, second, undo)
+
+    async def _then_replies(self, first: Any, second: Any, undo: _Undo | None) -> tuple[Any, Any]:
+        """See :meth:`_Wire._then_replies`: an error reply to the command behind is raised
+        once ``undo()``, sent apart, is answered (shielded: a cancellation of the caller
+        does not stop it)."""
+        if isinstance(first, Exception):
             raise first
+        if isinstance(second, Exception):
+            if undo is not None:
+                await asyncio.shield(self._spawn(self._undo_apart(undo)))
+            raise second
         return first, second
 
     async def batch(self, frame: bytes, count: int) -> list[Any]:
@@ -126,24 +135,27 @@ class _AsyncWire:
         replies: list[Any] = await self._send((frame, _PING), count + 1, None)
         return replies[:-1]
 
-    async def _send(self, frames: tuple[bytes, ...], count: int, undo: _Undo | None) -> list[Any]:
+    async def _send(
+        self, frames: tuple[bytes, ...], count: int, undo: _Undo | None, raise_last: bool = True
+    ) -> list[Any]:
         """:meth:`_round_trip` on a connection checked out for it; sent once more when a
         Sentinel master turned replica refused it (see :meth:`_Wire._round_trip`)."""
         try:
-            return await self._round_trip(await self._checkout(), frames, count, undo)
+            return await self._round_trip(await self._checkout(), frames, count, undo, raise_last)
         except redis.ConnectionError as exc:
             if not demoted(exc):
                 raise
-        return await self._round_trip(await self._checkout(), frames, count, undo)
+        return await self._round_trip(await self._checkout(), frames, count, undo, raise_last)
 
     async def _round_trip(
-        self, connection: Any, frames: tuple[bytes, ...], count: int, undo: _Undo | None
+        self, connection: Any, frames: tuple[bytes, ...], count: int, undo: _Undo | None, raise_last: bool = True
     ) -> list[Any]:
         """Write ``frames`` (no await: nothing can interrupt it) and read ``count`` replies (an
-        error reply to any but the last is returned, not raised)."""
+        error reply to any but the last is returned, not raised; to the last too unless
+        ``raise_last``)."""
         line: Line | None = getattr(connection, LINE, None)
         if line is None:
-            return await self._round_trip_stream(connection, frames, count, undo)
+            return await self._round_trip_stream(connection, frames, count, undo, raise_last)
         try:
             replies = line.send(frames[0] if len(frames) == 1 else b"".join(frames), count, connection.socket_timeout)
         except BaseException:
@@ -172,7 +184,7 @@ class _AsyncWire:
             raise
         self._checkin(connection)
         last = answer[-1]
-        if isinstance(last, ResponseError):
+        if raise_last and isinstance(last, ResponseError):
             raise last  # the whole reply was read: the connection is clean
         return answer
 
@@ -181,7 +193,7 @@ class _AsyncWire:
         self._checkin(connection)
 
     async def _round_trip_stream(
-        self, connection: Any, frames: tuple[bytes, ...], count: int, undo: _Undo | None
+        self, connection: Any, frames: tuple[bytes, ...], count: int, undo: _Undo | None, raise_last: bool = True
     ) -> list[Any]:
         """:meth:`_round_trip` on a connection read by redis-py (not taken over)."""
         try:
@@ -202,12 +214,13 @@ class _AsyncWire:
             # mark. The read keeps redis-py's own timeout.
             if writer.transport.get_write_buffer_size() > _WRITE_HIGH_WATER:
                 await asyncio.wait_for(writer.drain(), connection.socket_timeout)
-            while len(replies) < count - 1:
+            while len(replies) < count:
                 try:
                     replies.append(await connection.read_response(disconnect_on_error=False))
                 except ResponseError as exc:
+                    if raise_last and len(replies) == count - 1:
+                        raise
                     replies.append(exc)
-            replies.append(await connection.read_response(disconnect_on_error=False))
         except ResponseError:
             self._checkin(connection)  # the whole reply was read: the connection is clean
             raise
@@ -261,16 +274,20 @@ class _AsyncWire:
             # All busy: wait for one to come back (or, every 50 ms, for a token).
             loop = asyncio.get_running_loop()
             waiter: asyncio.Future[None] = loop.create_future()
-            timer = loop.call_later(0.05, _resolve_none, waiter)
+            timer = loop.call_later(TOKEN_POLL, _resolve_none, waiter)
             self._waiters[waiter] = None
             try:
                 await waiter
+            except BaseException:
+                if waiter not in self._waiters and not waiter.cancelled() and free:
+                    # Woken by a check-in (which took us off the queue) and cancelled in the
+                    # same loop iteration: pass on the wake-up we will not use.
+                    self._wake_one()
+                raise
             finally:
                 timer.cancel()
                 if waiter in self._waiters:
                     del self._waiters[waiter]
-                elif waiter.cancelled() and free:
-                    self._wake_one()  # pass on a wake-up we will not use
         if connection.is_connected:
             take_over(connection)  # connected by a connect that its caller did not wait for
             return connection

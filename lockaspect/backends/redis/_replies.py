@@ -107,19 +107,20 @@ def send(connection: Any, frames: tuple[bytes, ...]) -> None:
         raise redis.ConnectionError(f"Error while writing to socket: {exc}") from None
 
 
-def read(connection: Any, count: int) -> list[Any]:
+def read(connection: Any, count: int, raise_last: bool = True) -> list[Any]:
     """``count`` replies from ``connection``: an error reply to any but the last is
-    returned, to the last raised. A failure to read leaves the connection as it is (the
-    caller decides: the command may have run)."""
+    returned, to the last raised (returned too unless ``raise_last``). A failure to read
+    leaves the connection as it is (the caller decides: the command may have run)."""
     reader = fast_reader(connection)
     replies: list[Any] = []
     if reader is None:
-        while len(replies) < count - 1:
+        while len(replies) < count:
             try:
                 replies.append(connection.read_response(disconnect_on_error=False))
             except ResponseError as exc:
+                if raise_last and len(replies) == count - 1:
+                    raise
                 replies.append(exc)
-        replies.append(connection.read_response(disconnect_on_error=False))
         return replies
     sock = connection._sock
     if sock.gettimeout() is not None:
@@ -148,6 +149,6 @@ def read(connection: Any, count: int) -> list[Any]:
             continue
         replies.append(reply)
     last = replies[-1]
-    if isinstance(last, ResponseError):
+    if raise_last and isinstance(last, ResponseError):
         raise last
     return replies

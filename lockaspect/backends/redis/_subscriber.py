@@ -115,6 +115,9 @@ class Subscriber(asyncio.Protocol):
         self._on_lost: Callable[[Subscriber, BaseException], None] | None = on_lost
         self._reader = new_reader()
         self._transport: asyncio.Transport = connection._writer.transport
+        # redis-py's StreamReaderProtocol: told when the connection closes, or the
+        # connection's StreamWriter.wait_closed() (awaited by its disconnect()) never returns.
+        self._previous: asyncio.BaseProtocol = self._transport.get_protocol()
 
     @classmethod
     async def open(
@@ -161,6 +164,7 @@ class Subscriber(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost(exc or RedisConnectionError("the server closed the subscriber connection"))
+        self._previous.connection_lost(exc)
 
     def _lost(self, exc: BaseException) -> None:
         on_lost, self._on_lost = self._on_lost, None

@@ -95,12 +95,12 @@ class _Wire:
     ) -> tuple[Any, Any]:
         """:meth:`call`, then the command ``then`` on the same connection in the same write
         (``WAIT`` counts the replicas that have this connection's writes): both replies. An
-        error reply to the first command is raised once the second reply is read."""
+        error reply to the first command is raised once the second reply is read; one to the
+        second (``WAIT`` refused: an ACL, a proxy) is raised after ``undo()``, since the first
+        may have taken a lock."""
         if asking:
-            first, second = self._round_trip((ASKING, packed, _packed(then)), 3, asking_undo(undo))[1:]
-            if isinstance(first, ResponseError):
-                raise first
-            return first, second
+            replies = self._round_trip((ASKING, packed, _packed(then)), 3, asking_undo(undo), raise_last=False)
+            return self._then_replies(replies[1], replies[2], undo)
         if self._make is None:
             try:
                 pipe = self._client.pipeline(transaction=False)
@@ -111,29 +111,38 @@ class _Wire:
                 if undo is not None:
                     self._undo_apart(undo)
                 raise
-            for reply in replies:
-                if isinstance(reply, Exception):
-                    raise reply
-            return replies[0], replies[1]
-        first, second = self._round_trip((packed, _packed(then)), 2, undo)
-        if isinstance(first, ResponseError):
+            return self._then_replies(replies[0], replies[1], undo)
+        first, second = self._round_trip((packed, _packed(then)), 2, undo, raise_last=False)
+        return self._then_replies(first, second, undo)
+
+    def _then_replies(self, first: Any, second: Any, undo: _Undo | None) -> tuple[Any, Any]:
+        if isinstance(first, Exception):
             raise first
+        if isinstance(second, Exception):
+            if undo is not None:
+                self._undo_apart(undo)
+            raise second
         return first, second
 
-    def _round_trip(self, frames: tuple[bytes, ...], count: int, undo: _Undo | None) -> list[Any]:
+    def _round_trip(
+        self, frames: tuple[bytes, ...], count: int, undo: _Undo | None, raise_last: bool = True
+    ) -> list[Any]:
         """Send ``frames`` in one write on a kept connection and read ``count`` replies (an
-        error reply to any but the last is returned, not raised). A Sentinel master that was
+        error reply to any but the last is returned, not raised; to the last too unless
+        ``raise_last``). A Sentinel master that was
         turned into a replica refused them (``READONLY``, which redis-py reports as a
         connection error after dropping the connection): nothing ran, so they go once more,
         on a connection to the master the sentinels name now."""
         try:
-            return self._round_trip_once(frames, count, undo)
+            return self._round_trip_once(frames, count, undo, raise_last)
         except redis.ConnectionError as exc:
             if not demoted(exc):
                 raise
-        return self._round_trip_once(frames, count, undo)
+        return self._round_trip_once(frames, count, undo, raise_last)
 
-    def _round_trip_once(self, frames: tuple[bytes, ...], count: int, undo: _Undo | None) -> list[Any]:
+    def _round_trip_once(
+        self, frames: tuple[bytes, ...], count: int, undo: _Undo | None, raise_last: bool = True
+    ) -> list[Any]:
         if self._before is not None:
             self._before()
         if self._draining:
@@ -161,7 +170,7 @@ class _Wire:
                 self._undo_apart(undo)
             raise
         try:
-            replies = read(connection, count)
+            replies = read(connection, count, raise_last)
         except ResponseError:
             self._checkin(connection)  # the whole reply was read: the connection is clean
             raise

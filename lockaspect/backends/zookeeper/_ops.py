@@ -104,6 +104,25 @@ def _drop(session: Session, node: Node) -> None:
     session.delete_later(node.path)
 
 
+def _give_back(session: Session, nodes: list[Node]) -> Plan:
+    """A try that found a key busy deletes the nodes it made, and waits for the deletion: it
+    must keep nothing once it answers (another session's try right after would find the
+    node, as a holder of a multi-key set's first key, or ahead of it in the queue). Should
+    the deletion fail, :func:`_drop` keeps at it."""
+    with session.lock:
+        for node in nodes:
+            session.book.paths.pop(node.path, None)
+    try:
+        answers = yield [Call("delete", node.path) for node in nodes]
+    except BackendError:
+        answers = [None] * len(nodes)
+        for node in nodes:
+            session.delete_later(node.path)
+    for node, answer in zip(nodes, answers, strict=True):
+        if isinstance(answer, Exception) and not isinstance(answer, NoNodeError):
+            session.delete_later(node.path)
+
+
 def _hold(session: Session, node: Node, token: str, woke_others: bool, data: bytes) -> AcquireResult:
     """``node`` holds the lock for ``token``: book it (the watchdog's first renewal sets the
     watch that tells of its deletion by anyone else, see ``Session.watch_held``); a
@@ -196,7 +215,7 @@ def _acquire(session: Session, request: AcquireRequest, waiter: str | None) -> P
             if verdict.holds:
                 return _hold(session, node, token, sem and waited, data)
             if not waiter:
-                _drop(session, node)
+                yield from _give_back(session, [node])
                 return AcquireResult(False, holder_ttl=request.lease)
             wake = _waker(session, key, waiter)
             channel = (key, waiter)
@@ -296,8 +315,7 @@ def _multi_wait(session: Session, request: AcquireRequest, mine: list[Node], ver
     busy = mine[-1]
     waiter = request.waiter
     if not waiter:
-        for node in mine:
-            _drop(session, node)
+        yield from _give_back(session, mine)
         return AcquireResult(False, holder_ttl=request.lease, busy=busy.key)
     with session.lock:
         for node in mine:
