@@ -2,12 +2,12 @@
 and :mod:`.waiting` decisions. What is genuinely asyncio lives here: the per-loop state (an
 async store per event loop), shielding of the round trips that must finish whatever happens
 to the caller (leaving a queue; a release cut short by a cancellation is sent again), and
-cancelling a body whose lease is lost.
-"""
+cancelling a body whose lease is lost."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import weakref
@@ -45,8 +45,7 @@ class AsyncRunner:
     # -- the loop's state -----------------------------------------------------------------
 
     def _owner(self, key: str) -> str:
-        """The owner record of an acquisition of ``key`` by the running task now ("" without
-        owner_info)."""
+        """The owner record of the running task's acquisition of ``key`` ("" without owner_info)."""
         if not self.engine.owner_info:
             return ""
         task = asyncio.current_task()
@@ -118,7 +117,9 @@ class AsyncRunner:
                     await self.leave_queue(state, key, waiter, spec, kind.slot_key(key) in state.slots, token)
                 if not exc.transient or spec.wait == 0:
                     raise
-                result, failure, waiter = AcquireResult(False), exc, None
+                result, failure = AcquireResult(False), exc
+                # A fair waiter queues afresh: the failed attempt (under the old id) may still arrive.
+                waiter = self._first_waiter(state, key, spec) if kind.own_place else None
             except BaseException:
                 if waiter is not None:
                     await self.leave_queue(state, key, waiter, spec, kind.slot_key(key) in state.slots, token)
@@ -179,10 +180,8 @@ class AsyncRunner:
     async def discard(self, state: LoopState, keys: tuple[str, ...], token: str, kind: str) -> None:
         async def discard() -> None:
             for key in keys:
-                try:
+                with contextlib.suppress(BackendError):
                     await state.store.release(key, token, kind)
-                except BackendError:
-                    pass
 
         await asyncio.shield(state.spawn(discard()))
 
@@ -331,6 +330,8 @@ class AsyncRunner:
                         woken = False
                     if w.paused(woken, take_grant(subscription), clock()):
                         return w.result, w.sent, w.token
+                    for stale in w.discards():
+                        await self.discard(state, w.keys[:1], stale, w.kind.name)
         finally:
             if announced:
                 engine.tell("wait_ended", w.keys[0], w.kind.name, clock() - w.start)
@@ -341,8 +342,7 @@ class AsyncRunner:
                 # Gave up with no other waiter of ours to take over: leave the queue (shielded:
                 # this may run while the waiter is being cancelled).
                 await _quietly(state, store.unqueue(*place, w.kind.name))
-                granted = w.granted_token()
-                if granted is not None:  # a release may have handed us the lock meanwhile
+                for granted in w.granted_tokens():  # a release may have handed us the lock meanwhile
                     await self.discard(state, place[:1], granted, w.kind.name)
 
     # -- multi-key ------------------------------------------------------------------------

@@ -87,7 +87,9 @@ class SyncRunner:
                     raise
                 # A store restarting or failing over: a waiting caller keeps trying until its
                 # wait runs out (the attempt left nothing behind).
-                result, failure, waiter = AcquireResult(False), exc, None
+                result, failure = AcquireResult(False), exc
+                # A fair waiter queues afresh: the failed attempt (under the old id) may still arrive.
+                waiter = self._first_waiter(key, spec) if kind.own_place else None
             except BaseException:
                 if waiter is not None:
                     self.leave_queue(key, waiter, spec, spec.kind.slot_key(key) in self.slots, token)
@@ -284,6 +286,8 @@ class SyncRunner:
                     woken = subscription.wait(w.pause) if subscription is not None else _sleep(w.pause)
                     if w.paused(woken, take_grant(subscription), clock()):
                         return w.result, w.sent, w.token
+                    for stale in w.discards():
+                        self.discard(w.keys[:1], stale, w.kind.name)
         finally:
             if announced:
                 engine.tell("wait_ended", w.keys[0], w.kind.name, clock() - w.start)
@@ -294,8 +298,7 @@ class SyncRunner:
                 # Gave up with no other waiter of ours to take over: leave the queue, so a
                 # release wakes someone still waiting.
                 self.unqueue(*place, w.kind.name)
-                granted = w.granted_token()
-                if granted is not None:  # a release may have handed us the lock meanwhile
+                for granted in w.granted_tokens():  # a release may have handed us the lock meanwhile
                     self.discard(place[:1], granted, w.kind.name)
 
     def _join_slot(self, key: str) -> _Slot:

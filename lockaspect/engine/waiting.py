@@ -80,6 +80,7 @@ class Waiting:
         "attempt",
         "below",
         "deadline",
+        "discard",
         "failure",
         "handoff",
         "has_sub",
@@ -101,6 +102,7 @@ class Waiting:
         "registered",
         "result",
         "sent",
+        "stale",
         "start",
         "subscribed",
         "token",
@@ -167,6 +169,10 @@ class Waiting:
         # with FAIR_HANDOFF may make it the owner on release): a grant is for it, never for a
         # token replaced since (after a failed attempt; the store undoes that one).
         self.registered: str | None = token if handoff and queued is not None and failure is None else None
+        # Tokens registered with our queue place before an attempt failed (see failed): a
+        # release may still make one the owner; and those to give back now (see discards).
+        self.stale: list[str] = []
+        self.discard: list[str] = []
         self.now = start  # the time of the last step
         self.listen_key = keys[0]
         self.listen_as: str | None = None
@@ -254,16 +260,31 @@ class Waiting:
         self.woken = woken
         self.attempt += 1
         self._next = ATTEMPT
+        if granted and self.stale:
+            # The grant may be for a token given up after a failed attempt (whose undo may
+            # still arrive, so it cannot be ours again): give those back, which passes the
+            # lock on if one has it; the attempt that follows finds the lock ours if the grant
+            # was for our token after all.
+            self.discard = list(self.stale)
+            return False
         if granted and self.registered == self.token and now - self.sent < self.lease / 2:
             self.result = AcquireResult(True, granted)
             self.waiter = None  # the release took us off the queue
             return True
         return False
 
-    def granted_token(self) -> str | None:
-        """The token a fair release may have made the owner while we waited (FAIR_HANDOFF),
+    def discards(self) -> list[str]:
+        """Tokens to give back with a release now (see :meth:`paused`), once each."""
+        tokens, self.discard = self.discard, []
+        return tokens
+
+    def granted_tokens(self) -> list[str]:
+        """The tokens a fair release may have made the owner while we waited (FAIR_HANDOFF),
         to give back with a release once off the queue when the wait ends without the lock."""
-        return self.token if self.registered is not None and self.registered == self.token else None
+        tokens = list(self.stale)
+        if self.registered is not None and self.registered == self.token:
+            tokens.append(self.token)
+        return tokens
 
     def request(self, sent: float) -> AcquireRequest:
         """The next attempt (sent at ``sent``). Woken for this release but beaten to it: keep
@@ -297,6 +318,11 @@ class Waiting:
         if self.multi and (self.wait == 0 or (self.deadline is not None and now >= self.deadline)):
             raise exc
         self.failure = exc
+        if self.registered is not None:
+            # Its registration stays with our queue place until an attempt replaces it: a
+            # release may make that token the owner meanwhile (see paused, granted_tokens).
+            self.stale.append(self.registered)
+            self.registered = None
         self.token = new_token()
         self.result = AcquireResult(False, busy=self.watched or self.keys[0])
         if self.multi:
