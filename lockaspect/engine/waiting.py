@@ -341,7 +341,10 @@ class Waiting:
         if self.waiter is None:
             return None
         if self.multi:
-            return (self.watched, self.waiter) if self.watched is not None else None
+            # Where the store has it now: the key its last attempt found busy (it may have
+            # moved the place there since we last listened), else the key we listened on.
+            place = self.result.busy or self.watched
+            return None if place is None else (place, self.waiter)
         if others and not self.own:
             return None
         return self.keys[0], self.waiter

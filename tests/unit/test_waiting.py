@@ -242,6 +242,22 @@ class TestMultiKey:
         assert w.step(100.2, False, True) == LISTEN  # another key is busy now
         assert w.leave_watched() == ("b", "n-own")
 
+    def test_a_wait_that_ends_right_after_the_busy_key_moved_leaves_the_new_place(self) -> None:
+        """The last attempt found another key busy (the store moved the queue place there:
+        PostgreSQL's wait, ZooKeeper's last node) and the wait runs out before the waiter
+        listens there: it gives back the place where the store has it, not the key it
+        listened on (that left the place queued, and a release granted the key to nobody)."""
+        w = waiting(keys=("a", "b"), notify=True, own_id="n-own", multi=True, result=AcquireResult(False))
+        assert w.step(100.0, False, False) == ATTEMPT
+        assert not w.attempted(AcquireResult(False, holder_ttl=2.0, busy="b"))
+        assert w.step(100.1, False, False) == LISTEN
+        w.listened(True, "proc")
+        assert w.step(100.1, False, True) == ATTEMPT
+        assert not w.attempted(AcquireResult(False, holder_ttl=2.0, busy="a"))
+        with pytest.raises(LockNotAcquired):
+            w.step(110.0, False, True)
+        assert w.leaving(False) == ("a", "n-own")
+
     def test_a_failed_attempt_with_no_wait_raises(self) -> None:
         w = waiting(keys=("a", "b"), wait=0.0, deadline=100.0, multi=True, result=AcquireResult(False))
         assert w.step(100.0, False, False) == ATTEMPT
