@@ -524,9 +524,10 @@ def _first_attempt(store: PostgresAdvisoryStore, driver: str) -> BaseException |
         return exc
 
 
+@pytest.mark.parametrize("isolation", ["read committed", "repeatable read"])
 @pytest.mark.parametrize("driver", ["thread", "asyncio"])
 def test_a_session_that_waited_for_another_schema_maker_leaves_the_tables_alone(
-    fresh_database: str, pg_namespace: str, driver: str
+    fresh_database: str, pg_namespace: str, driver: str, isolation: str
 ) -> None:
     """Sessions opened at once on a fresh database all find the schema missing; one makes it
     under the schema lock, the others wait for that lock, and must then find the schema made
@@ -535,10 +536,16 @@ def test_a_session_that_waited_for_another_schema_maker_leaves_the_tables_alone(
     queued wait's blocking statement uses it while it waits) and holds up every new one: all
     the client's sessions stalled for the schema's lock_timeout (5 s), then a failed attempt.
     Here the other maker is a raw session, and a transaction reading the table stands for the
-    queued wait."""
+    queued wait. Also where the server's default isolation is REPEATABLE READ (a snapshot taken
+    before the lock would miss the other maker's schema)."""
     import psycopg
 
     from lockaspect.backends.sql.advisory import _sql
+
+    with psycopg.connect(fresh_database, autocommit=True) as admin:
+        admin.execute(
+            f"ALTER DATABASE {fresh_database.rsplit('/', 1)[1]} SET default_transaction_isolation = '{isolation}'"
+        )
 
     waiting_for_schema = (
         "SELECT count(*) FROM pg_locks l WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND NOT l.granted"

@@ -226,11 +226,15 @@ def test_postgres_table_of_the_previous_version_is_upgraded_on_open(
         store.close()
 
 
-def test_postgres_table_an_upgrade_made_meanwhile_is_not_made_again(database: str, namespace: str) -> None:
+@pytest.mark.parametrize("isolation", ["read committed", "repeatable read"])
+def test_postgres_table_an_upgrade_made_meanwhile_is_not_made_again(
+    database: str, namespace: str, isolation: str
+) -> None:
     """Two clients open an old table at the same moment: the one that waited for the first's
     upgrade reads the catalog again under the schema lock and runs no ALTER TABLE of its own
     (one that adds nothing still takes the table's exclusive lock, and every lock operation
-    would queue behind it)."""
+    would queue behind it); also where the server's default isolation is REPEATABLE READ (a
+    snapshot taken before the lock would miss the upgrade)."""
     from lockaspect.backends.sql.table._sql import ADDED_COLUMNS
     from lockaspect.backends.sql.table.options import _SCHEMA_LOCK
 
@@ -238,6 +242,7 @@ def test_postgres_table_an_upgrade_made_meanwhile_is_not_made_again(database: st
         for statement in OLD_POSTGRES_SCHEMA.split(";"):
             if statement.strip():
                 conn.execute(statement)
+        conn.execute(f"ALTER DATABASE {database.rsplit('/', 1)[1]} SET default_transaction_isolation = '{isolation}'")
         conn.execute("CREATE TABLE ddl_log (tag text)")
         conn.execute(
             "CREATE FUNCTION log_ddl() RETURNS event_trigger LANGUAGE plpgsql AS "

@@ -72,7 +72,13 @@ LOCK_KEY: Final = "((l.classid::bigint << 32) | l.objid::bigint)"
 #: while the schema is made, so that processes starting together do not race on the catalog;
 #: and a bound on waiting for a table's lock (an ALTER TABLE waits for every transaction that
 #: uses the table, and every statement on it queues behind the ALTER).
-SCHEMA_LOCK: Final = ("SELECT pg_advisory_xact_lock(-8111973515212196337)", "SET LOCAL lock_timeout = '5s'")
+SCHEMA_LOCK: Final = (
+    # The check under the lock must see what a client that held it before committed, whatever
+    # the server's default_transaction_isolation (a snapshot taken before the lock would not).
+    "SET TRANSACTION ISOLATION LEVEL READ COMMITTED",
+    "SELECT pg_advisory_xact_lock(-8111973515212196337)",
+    "SET LOCAL lock_timeout = '5s'",
+)
 #: Created when ``create_schema=True`` (the default).
 SCHEMA_BASE: Final = (
     f"CREATE SEQUENCE IF NOT EXISTS {FENCE_SEQUENCE} AS bigint",

@@ -414,6 +414,9 @@ def _migrate_postgres(conn: Any, label: str) -> None:
     statements = [f"ALTER TABLE lockaspect_holds ADD COLUMN IF NOT EXISTS {c} {d}" for c, d in missing]
     try:
         with conn.transaction():
+            # READ COMMITTED whatever the server's default: the read under the lock must see
+            # what the client that held it before committed.
+            conn.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
             # Read again under the schema lock: a client that started at the same moment
             # may have added them while this one waited, and an ALTER TABLE that adds
