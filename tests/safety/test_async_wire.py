@@ -7,10 +7,11 @@ mid-reply (its connection is never reused before its reply is read)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -48,6 +49,17 @@ async def _until(condition: Callable[[], object], what: str) -> None:
         await asyncio.sleep(0.01)
 
 
+@contextlib.asynccontextmanager
+async def _wire_on(url: str, **options: Any) -> AsyncIterator[Any]:
+    """The asyncio wire of a store on ``url`` (closed after, with the store's client)."""
+    store = AsyncRedisStore.from_url(url, **options)
+    try:
+        yield store._wire
+    finally:
+        await store._wire.close()
+        await store.redis.aclose()
+
+
 def _ping(wire: Any) -> Any:
     return wire.call(_packed((b"PING",)), ("PING",))
 
@@ -66,9 +78,7 @@ def _raw_replies(server: LockServer, frames: bytes, lines: int) -> bytes:
 
 def test_lock_commands_go_through_a_line_and_error_replies_keep_it_clean(lock_server: LockServer) -> None:
     async def main() -> None:
-        store = AsyncRedisStore.from_url(lock_server.url)
-        wire = store._wire
-        try:
+        async with _wire_on(lock_server.url) as wire:
             assert await _ping(wire) == b"PONG"
             connection = wire._free[-1]
             line = _line(connection)
@@ -84,9 +94,6 @@ def test_lock_commands_go_through_a_line_and_error_replies_keep_it_clean(lock_se
             assert wire._free == [connection]
             assert _line(connection) is line
             assert not line.broken
-        finally:
-            await wire.close()
-            await store.redis.aclose()
 
     asyncio.run(main())
 
@@ -97,50 +104,44 @@ def test_replies_split_at_every_byte_resolve_once_whole(lock_server: LockServer,
     whole = _raw_replies(lock_server, frames, 4)  # a bulk string (2 lines), an error, an integer
 
     async def main() -> None:
-        store = AsyncRedisStore.from_url(proxy.url)
-        wire = store._wire
-        try:
-            await _ping(wire)
-            line = _line(wire._free[-1])
-            proxy.hold(DOWN)  # the real answer stays in the proxy: this test feeds the line itself
-            replies = line.send(frames, 3, None)
-            for i in range(len(whole)):
-                assert not replies.done(), f"resolved after {i} of {len(whole)} bytes"
-                line.data_received(whole[i : i + 1])
-            assert replies.done()
-            echo, noscript, number = replies.result()
-            assert echo == b"x" * 40
-            assert isinstance(noscript, NoScriptError)
-            assert number == 7
-        finally:
-            proxy.release()
-            await wire.close()
-            await store.redis.aclose()
+        async with _wire_on(proxy.url) as wire:
+            try:
+                await _ping(wire)
+                line = _line(wire._free[-1])
+                proxy.hold(DOWN)  # the real answer stays in the proxy: this test feeds the line itself
+                replies = line.send(frames, 3, None)
+                for i in range(len(whole)):
+                    assert not replies.done(), f"resolved after {i} of {len(whole)} bytes"
+                    line.data_received(whole[i : i + 1])
+                assert replies.done()
+                echo, noscript, number = replies.result()
+                assert echo == b"x" * 40
+                assert isinstance(noscript, NoScriptError)
+                assert number == 7
+            finally:
+                proxy.release()
 
     asyncio.run(main())
 
 
 def test_a_timed_out_reply_drops_the_connection(proxy: FaultProxy) -> None:
     async def main() -> None:
-        store = AsyncRedisStore.from_url(proxy.url, socket_timeout=0.2)
-        wire = store._wire
-        try:
-            await _ping(wire)
-            connection = wire._free[-1]
-            line = _line(connection)
-            proxy.hold(DOWN)
-            with pytest.raises(redis.TimeoutError):
+        async with _wire_on(proxy.url, socket_timeout=0.2) as wire:
+            try:
                 await _ping(wire)
-            assert line.broken
-            assert getattr(connection, LINE, None) is None
-            proxy.release()
-            assert await wire.call(_packed((b"ECHO", b"e")), ("ECHO", "e")) == b"e"  # a new connection
-            assert _line(connection) is not line
-            assert proxy.connections == 2
-        finally:
-            proxy.release()
-            await wire.close()
-            await store.redis.aclose()
+                connection = wire._free[-1]
+                line = _line(connection)
+                proxy.hold(DOWN)
+                with pytest.raises(redis.TimeoutError):
+                    await _ping(wire)
+                assert line.broken
+                assert getattr(connection, LINE, None) is None
+                proxy.release()
+                assert await wire.call(_packed((b"ECHO", b"e")), ("ECHO", "e")) == b"e"  # a new connection
+                assert _line(connection) is not line
+                assert proxy.connections == 2
+            finally:
+                proxy.release()
 
     asyncio.run(main())
 
@@ -149,28 +150,25 @@ def test_a_connection_closed_mid_reply_fails_the_call_and_is_replaced(lock_serve
     key = b"blocked:" + secrets.token_hex(6).encode()
 
     async def main() -> None:
-        store = AsyncRedisStore.from_url(lock_server.url)
-        wire = store._wire
         admin = lock_server.redis()
-        try:
-            await _ping(wire)
-            connection = wire._free[-1]
-            line = _line(connection)
-            client_id = await wire.call(_packed((b"CLIENT", b"ID")), ("CLIENT", "ID"))
-            # Two replies owed: the first comes at once, the second never (BLPOP blocks).
-            call = asyncio.ensure_future(wire.batch(_packed((b"ECHO", b"f")) + _packed((b"BLPOP", key, b"0")), 2))
-            await _until(lambda: any(c.get("cmd") == "blpop" for c in admin.client_list()), "BLPOP to block")
-            assert admin.client_kill_filter(_id=client_id) == 1
-            with pytest.raises(redis.ConnectionError):
-                await call
-            assert line.broken
-            assert await wire.call(_packed((b"ECHO", b"g")), ("ECHO", "g")) == b"g"
-            assert wire._free == [connection]
-            assert _line(connection) is not line
-        finally:
-            admin.close()
-            await wire.close()
-            await store.redis.aclose()
+        async with _wire_on(lock_server.url) as wire:
+            try:
+                await _ping(wire)
+                connection = wire._free[-1]
+                line = _line(connection)
+                client_id = await wire.call(_packed((b"CLIENT", b"ID")), ("CLIENT", "ID"))
+                # Two replies owed: the first comes at once, the second never (BLPOP blocks).
+                call = asyncio.ensure_future(wire.batch(_packed((b"ECHO", b"f")) + _packed((b"BLPOP", key, b"0")), 2))
+                await _until(lambda: any(c.get("cmd") == "blpop" for c in admin.client_list()), "BLPOP to block")
+                assert admin.client_kill_filter(_id=client_id) == 1
+                with pytest.raises(redis.ConnectionError):
+                    await call
+                assert line.broken
+                assert await wire.call(_packed((b"ECHO", b"g")), ("ECHO", "g")) == b"g"
+                assert wire._free == [connection]
+                assert _line(connection) is not line
+            finally:
+                admin.close()
 
     asyncio.run(main())
 
@@ -179,39 +177,36 @@ def test_a_call_cancelled_mid_reply_sets_its_connection_aside_until_answered(pro
     key = b"aside:" + secrets.token_hex(6).encode()
 
     async def main() -> None:
-        store = AsyncRedisStore.from_url(proxy.url)
-        wire = store._wire
-        try:
-            await _ping(wire)
-            connection = wire._free[-1]
-            line = _line(connection)
-            proxy.hold(DOWN)
-            before = proxy.bytes_up
-            call = asyncio.ensure_future(wire.call(_packed((b"INCR", key)), ("INCR", key)))
-            await asyncio.to_thread(proxy.wait_for_traffic, before)
-            call.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await call
-            # Its reply is still owed: not in the free list, so another call takes a new connection.
-            assert wire._free == []
-            assert not line.broken
-            other = asyncio.ensure_future(wire.call(_packed((b"ECHO", b"h")), ("ECHO", "h")))
-            await asyncio.to_thread(proxy.wait_for_connections, 2)
-            proxy.release()
-            assert await other == b"h"
-            await _until(lambda: connection in wire._free, "the INCR reply to be read")
-            assert _line(connection) is line
-            assert not line.broken
-            assert proxy.connections == 2
-            # Its next reply is its own, not the INCR's.
-            wire._free.remove(connection)
-            wire._free.append(connection)
-            assert await wire.call(_packed((b"ECHO", b"i")), ("ECHO", "i")) == b"i"
-            assert wire._free[-1] is connection
-        finally:
-            proxy.release()
-            await wire.close()
-            await store.redis.aclose()
+        async with _wire_on(proxy.url) as wire:
+            try:
+                await _ping(wire)
+                connection = wire._free[-1]
+                line = _line(connection)
+                proxy.hold(DOWN)
+                before = proxy.bytes_up
+                call = asyncio.ensure_future(wire.call(_packed((b"INCR", key)), ("INCR", key)))
+                await asyncio.to_thread(proxy.wait_for_traffic, before)
+                call.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await call
+                # Its reply is still owed: not in the free list, so another call takes a new connection.
+                assert wire._free == []
+                assert not line.broken
+                other = asyncio.ensure_future(wire.call(_packed((b"ECHO", b"h")), ("ECHO", "h")))
+                await asyncio.to_thread(proxy.wait_for_connections, 2)
+                proxy.release()
+                assert await other == b"h"
+                await _until(lambda: connection in wire._free, "the INCR reply to be read")
+                assert _line(connection) is line
+                assert not line.broken
+                assert proxy.connections == 2
+                # Its next reply is its own, not the INCR's.
+                wire._free.remove(connection)
+                wire._free.append(connection)
+                assert await wire.call(_packed((b"ECHO", b"i")), ("ECHO", "i")) == b"i"
+                assert wire._free[-1] is connection
+            finally:
+                proxy.release()
 
     asyncio.run(main())
 
@@ -220,9 +215,7 @@ def test_a_write_past_the_high_water_mark_waits_for_the_socket_to_drain(lock_ser
     value = secrets.token_bytes(16) * (1 << 20)  # 16 MiB: more than the kernel's socket buffers take at once
 
     async def main() -> None:
-        store = AsyncRedisStore.from_url(lock_server.url)
-        wire = store._wire
-        try:
+        async with _wire_on(lock_server.url) as wire:
             await _ping(wire)
             line = _line(wire._free[-1])
             replies = line.send(_packed((b"ECHO", value)), 1, None)
@@ -231,9 +224,6 @@ def test_a_write_past_the_high_water_mark_waits_for_the_socket_to_drain(lock_ser
             assert not line.paused
             assert (await replies)[0] == value
             assert await wire.call(_packed((b"ECHO", value)), ("ECHO", value)) == value  # the wire's own path
-        finally:
-            await wire.close()
-            await store.redis.aclose()
 
     asyncio.run(main())
 
@@ -248,9 +238,7 @@ def test_a_waiter_woken_and_cancelled_at_once_passes_the_connection_on(
     monkeypatch.setattr(_async_wire, "TOKEN_POLL", 3600.0)  # only a passed-on wake-up can help
 
     async def main() -> None:
-        store = AsyncRedisStore.from_url(lock_server.url, max_connections=3)  # one for lock commands
-        wire = store._wire
-        try:
+        async with _wire_on(lock_server.url, max_connections=3) as wire:  # one for lock commands
             first = await wire._checkout()
             woken = asyncio.ensure_future(wire._checkout())
             next_in_line = asyncio.ensure_future(wire._checkout())
@@ -261,8 +249,5 @@ def test_a_waiter_woken_and_cancelled_at_once_passes_the_connection_on(
             assert connection is first
             assert woken.cancelled()
             wire._checkin(connection)
-        finally:
-            await wire.close()
-            await store.redis.aclose()
 
     asyncio.run(main())

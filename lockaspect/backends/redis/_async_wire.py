@@ -159,10 +159,7 @@ class _AsyncWire:
         try:
             replies = line.send(frames[0] if len(frames) == 1 else b"".join(frames), count, connection.socket_timeout)
         except BaseException:
-            _abandon(connection)
-            self._checkin(connection)
-            if undo is not None:
-                self._spawn(self._undo_apart(undo))
+            self._write_failed(connection, undo)
             raise
         try:
             if line.paused:
@@ -188,6 +185,14 @@ class _AsyncWire:
             raise last  # the whole reply was read: the connection is clean
         return answer
 
+    def _write_failed(self, connection: Any, undo: _Undo | None) -> None:
+        """A write cut short (an interrupt may land after its last byte went out): drop the
+        connection (it reconnects on next use) and send ``undo()`` apart."""
+        _abandon(connection)
+        self._checkin(connection)
+        if undo is not None:
+            self._spawn(self._undo_apart(undo))
+
     def _answered(self, line: Line, connection: Any) -> None:
         self._aside.discard(line)
         self._checkin(connection)
@@ -201,10 +206,7 @@ class _AsyncWire:
             for frame in frames:
                 writer.write(frame)
         except BaseException:
-            _abandon(connection)
-            self._checkin(connection)
-            if undo is not None:
-                self._spawn(self._undo_apart(undo))
+            self._write_failed(connection, undo)
             raise
         replies: list[Any] = []
         try:
