@@ -116,6 +116,8 @@ class _Wire:
         return self._then_replies(first, second, undo)
 
     def _then_replies(self, first: Any, second: Any, undo: _Undo | None) -> tuple[Any, Any]:
+        """The replies of :meth:`call_then`: the first's error raised as it is (nothing ran,
+        or NOSCRIPT: the caller falls back); the second's after ``undo()``."""
         if isinstance(first, Exception):
             raise first
         if isinstance(second, Exception):
@@ -129,10 +131,10 @@ class _Wire:
     ) -> list[Any]:
         """Send ``frames`` in one write on a kept connection and read ``count`` replies (an
         error reply to any but the last is returned, not raised; to the last too unless
-        ``raise_last``). A Sentinel master that was
-        turned into a replica refused them (``READONLY``, which redis-py reports as a
-        connection error after dropping the connection): nothing ran, so they go once more,
-        on a connection to the master the sentinels name now."""
+        ``raise_last``). A Sentinel master that was turned into a replica refused them
+        (``READONLY``, which redis-py reports as a connection error after dropping the
+        connection): nothing ran, so they go once more, on a connection to the master the
+        sentinels name now."""
         try:
             return self._round_trip_once(frames, count, undo, raise_last)
         except redis.ConnectionError as exc:
